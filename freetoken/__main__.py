@@ -1,0 +1,3 @@
+from freetoken.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""The Ops table: the one place a device choice is made.
+
+``get_ops(name)`` returns every op the models call, as plain functions with the signatures in
+docs/contracts.md. Models never branch on the device; they call ``ops.<op>``.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
+            "experts", "sampling")
+BACKENDS = ("ref", "cpu", "cuda")
+
+
+class BackendError(RuntimeError):
+    """A backend that cannot run here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str             # "ref" | "cpu" | "cuda"
+    xp: ModuleType        # numpy or cupy, for plumbing only (empty, zeros, concatenate)
+    embedding: Callable
+    rms_norm: Callable
+    rope: Callable
+    linear: Callable
+    kv_write: Callable
+    attention: Callable
+    router: Callable
+    experts: Callable
+    sampling: Callable
+
+    def to_device(self, a):
+        """Host array -> the backend's array type (a no-op for numpy backends)."""
+        return self.xp.asarray(a)
+
+    def to_host(self, a):
+        return a.get() if hasattr(a, "get") else a
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when CuPy sees a CUDA device, else a sentence saying why not."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'freetoken[cuda12]' or 'freetoken[cuda13]')"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+        return "CuPy sees no CUDA device"
+    except Exception as e:  # CUDARuntimeError without a driver
+        return f"CuPy sees no CUDA device ({type(e).__name__}: {e})"
+
+
+def resolve_backend(name: str) -> tuple[str, str]:
+    """'auto' -> ('cuda' or 'cpu', reason); an explicit name is checked and returned."""
+    if name == "auto":
+        reason = cuda_unavailable_reason()
+        return ("cpu", f"no GPU: {reason}") if reason else ("cuda", "a CUDA device is visible")
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; expected auto | {' | '.join(BACKENDS)}")
+    if name == "cuda":
+        reason = cuda_unavailable_reason()
+        if reason:
+            raise BackendError(f"backend 'cuda' requested but {reason}")
+    return name, "requested"
+
+
+def get_ops(name: str) -> Ops:
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; expected {' | '.join(BACKENDS)}")
+    if name == "cuda":
+        resolve_backend("cuda")
+        import cupy as xp
+        attr = "gpu"
+    else:
+        import numpy as xp
+        attr = name
+    funcs = {}
+    for op in OP_NAMES:
+        module = importlib.import_module(f"freetoken.kernels.{op}")
+        funcs[op] = getattr(module, attr, None) or getattr(module, "ref")
+    return Ops(name=name, xp=xp, **funcs)

@@ -1,0 +1,147 @@
+"""Frozen configuration: ModelConfig (from a Hugging Face config.json) and EngineConfig.
+
+CLI flags are generated from EngineConfig's fields (see cli.py), so each default and help text
+is written once, here.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+
+class ConfigError(ValueError):
+    """A model directory or an engine option that FreeToken cannot use; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Qwen3-MoE model. Shape legend: H hidden, E experts, k routed, I expert width."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int                 # H
+    num_layers: int                  # L (decoder layers)
+    num_heads: int                   # query heads
+    num_kv_heads: int                # key/value heads (GQA groups)
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None        # None or {"rope_type": "linear", "factor": f}
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    num_experts: int                 # E
+    num_experts_per_tok: int         # k
+    moe_intermediate_size: int       # I
+    norm_topk_prob: bool
+    intermediate_size: int           # width of the dense MLP of non-MoE layers
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
+    torch_dtype: str = "bfloat16"
+
+    @classmethod
+    def from_hf(cls, model_dir: str | Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"{model_dir}: no config.json (expected a Hugging Face model directory)")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "ModelConfig":
+        """Map every Hugging Face key FreeToken uses, in one place."""
+        arch = (cfg.get("architectures") or [None])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        theta, scaling = _rope_fields(cfg)
+        heads = cfg["num_attention_heads"]
+        experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+        if experts is None:
+            raise ConfigError("config.json has neither num_experts nor num_local_experts")
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            num_experts=int(experts),
+            num_experts_per_tok=cfg["num_experts_per_tok"],
+            moe_intermediate_size=cfg["moe_intermediate_size"],
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            intermediate_size=cfg.get("intermediate_size", cfg["moe_intermediate_size"]),
+            mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+            decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """HF Qwen3-MoE rule: sparse unless listed in mlp_only_layers or off the sparse step."""
+        return (layer not in self.mlp_only_layers and self.num_experts > 0
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Decoder-layer index of each MoE layer; the MoE cache numbers layers 0..len-1 in this order."""
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+
+def _rope_fields(cfg: dict) -> tuple[float, dict | None]:
+    """RoPE theta and scaling from rope_theta/rope_scaling or transformers-5 rope_parameters."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or None
+    theta = cfg.get("rope_theta", params.get("rope_theta", (scaling or {}).get("rope_theta", 10000.0)))
+    rope_type = (params.get("rope_type") or (scaling or {}).get("rope_type")
+                 or (scaling or {}).get("type") or "default")
+    if rope_type == "default":
+        return float(theta), None
+    if rope_type == "linear":
+        factor = params.get("factor", (scaling or {}).get("factor"))
+        return float(theta), {"rope_type": "linear", "factor": float(factor)}
+    raise ConfigError(f"unsupported rope type {rope_type!r}; supported: default, linear")
+
+
+def _flag(default, help_text: str, choices: tuple | None = None, **extra):
+    meta = {"help": help_text, **extra}
+    if choices:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs besides the model. Unknown keywords raise TypeError."""
+
+    model: str | None = _flag(None, "model directory (Hugging Face format); default: the built-in demo model")
+    backend: str = _flag("auto", "compute backend: auto picks cuda when a GPU is visible, else cpu",
+                         ("auto", "ref", "cpu", "cuda"))
+    max_running_requests: int = _flag(4, "most requests decoding at once")
+    num_kv_tokens: int = _flag(0, "KV pool size in tokens (0: sized from the context length and running requests)")
+    max_model_len: int = _flag(0, "context length cap in tokens (0: the model's max_position_embeddings)")
+    kv_dtype: str = _flag("auto", "KV cache dtype: auto is float32 for fp32 checkpoints, else bfloat16",
+                          ("auto", "bfloat16", "float32"))
+    chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")
+    moe_backend: str = _flag("auto", "how routed experts run", ("auto", "fused", "offload", "cpu", "hybrid"))
+    moe_cache_size: int = _flag(0, "expert cache slots (0: from --moe-cache-rate or the memory budget)")
+    moe_cache_rate: float = _flag(0.0, "expert cache size as a fraction of all L*E experts")
+    moe_hybrid_max_fetch: int = _flag(-1, "hybrid: -1 uses the q* rule, N >= 0 fetches at most N misses per layer")
+    moe_fetch_fraction: float = _flag(-1.0, "hybrid: explicit phi = B_P/B_H in [0, inf) (-1: from the bandwidth profile)")
+    moe_min_fill: int = _flag(0, "hybrid: fetch at least one miss per layer-step when there is one", (0, 1))
+    moe_cpu_threads: int = _flag(0, "CPU expert executor threads (0: physical cores)")
+    seed: int = _flag(0, "default sampling seed for requests that give none")
+
+    def replace(self, **changes) -> "EngineConfig":
+        from dataclasses import replace
+        return replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))

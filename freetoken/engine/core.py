@@ -1,0 +1,129 @@
+"""EngineCore: loads a model and advances all requests one forward step at a time.
+
+Single-threaded and synchronous; the server's engine thread and ``LLM.generate`` both drive it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from freetoken.config import EngineConfig, ModelConfig
+from freetoken.engine.kv_pool import KVPool
+from freetoken.engine.request import Request, SamplingParams, Status
+from freetoken.engine.scheduler import Scheduler
+from freetoken.engine.stop import TextStream
+from freetoken.log import logger
+
+KV_DEFAULT_BUDGET_BYTES = 1 << 30   # default KV pool cap when --num-kv-tokens is not given
+
+
+@dataclass
+class Delta:
+    """What one step produced for one request."""
+
+    request: Request
+    token_ids: list[int]
+    text: str
+    finished: bool
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig):
+        from freetoken.backend import get_ops, resolve_backend
+        from freetoken.demo import resolve_model_dir
+        from freetoken.tokenizer import Tokenizer
+        from freetoken.weights import load_weights
+
+        self.config = config
+        self.model_dir = resolve_model_dir(config.model, logger)
+        self.model_config = cfg = ModelConfig.from_hf(self.model_dir)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        backend, why = resolve_backend(config.backend)
+        logger.info("backend %s (%s)", backend, why)
+        self.ops = get_ops(backend)
+        t0 = time.perf_counter()
+        self.weights = load_weights(self.model_dir, cfg)
+        logger.info("loaded %s (%d layers, %d experts, top-%d) in %.2f s", self.model_dir.name,
+                    cfg.num_layers, cfg.num_experts, cfg.num_experts_per_tok, time.perf_counter() - t0)
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
+                                 cfg.max_position_embeddings)
+        self.kv = self._make_kv_pool()
+        self.moe = self._make_moe()
+        from freetoken.models.qwen3_moe import Qwen3Moe
+        self.model = Qwen3Moe(cfg, self.weights, self.ops, self.moe, self.kv)
+        self.scheduler = Scheduler(self.kv, config.max_running_requests, config.chunked_prefill_size,
+                                   self.max_model_len)
+        self._streams: dict[str, TextStream] = {}
+        self._seeds = np.random.default_rng(config.seed)
+        self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
+
+    def _kv_dtype(self):
+        kind = self.config.kv_dtype
+        if kind == "auto":
+            kind = "float32" if self.weights.embed.dtype == np.float32 else "bfloat16"
+        return np.float32 if kind == "float32" else np.uint16
+
+    def _make_kv_pool(self) -> KVPool:
+        cfg, dtype = self.model_config, self._kv_dtype()
+        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize
+        tokens = self.config.num_kv_tokens
+        if tokens <= 0:
+            want = self.config.max_running_requests * self.max_model_len
+            tokens = max(min(want, KV_DEFAULT_BUDGET_BYTES // per_token), 1)
+            logger.info("KV pool: %d tokens (%s, %.1f MiB; %d running x %d context, capped at %d MiB)",
+                        tokens, np.dtype(dtype).name if dtype != np.uint16 else "bf16",
+                        tokens * per_token / 2**20, self.config.max_running_requests,
+                        self.max_model_len, KV_DEFAULT_BUDGET_BYTES >> 20)
+        return KVPool(cfg.num_layers, tokens, cfg.num_kv_heads, cfg.head_dim, dtype, self.ops.xp)
+
+    def _make_moe(self):
+        from freetoken.moe.runtime import build_moe
+        cfg = self.model_config
+        banks = [(self.weights.layers[i].gate_up, self.weights.layers[i].down) for i in cfg.moe_layers]
+        return build_moe(cfg, banks, self.config, self.ops.experts, logger)
+
+    # --- requests -------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:
+        seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
+        req = Request(prompt_ids=list(prompt_ids), params=params, rng=np.random.default_rng(seed))
+        if rid is not None:
+            req.rid = rid
+        self.scheduler.add(req)
+        self._streams[req.rid] = TextStream(self.tokenizer.detokenizer(), params.stop)
+        return req
+
+    def abort(self, req: Request) -> None:
+        self.scheduler.finish(req, "abort")
+        self._streams.pop(req.rid, None)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Delta]:
+        from freetoken.engine.runner import run_step
+        schedule = self.scheduler.schedule()
+        if not schedule:
+            return []
+        reqs, tokens = run_step(self.model, self.ops, schedule, self.kv)
+        return [self._append(req, int(tok)) for req, tok in zip(reqs, tokens)]
+
+    def _append(self, req: Request, token: int) -> Delta:
+        req.output_ids.append(token)
+        stream = self._streams[req.rid]
+        stop_id = token in req.params.stop_token_ids or (token in self.eos_ids and not req.params.ignore_eos)
+        text = "" if stop_id else stream.push(token)
+        reason = None
+        if stop_id or stream.stopped_by is not None:
+            reason = "stop"
+        elif len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.scheduler.budget(req):
+            reason = "length"
+        if reason:
+            text += stream.finish()
+        req.text = stream.text
+        if reason:
+            self.scheduler.finish(req, reason)
+            del self._streams[req.rid]
+        return Delta(req, [token], text, reason is not None)

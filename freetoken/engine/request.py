@@ -1,0 +1,82 @@
+"""Requests and their sampling parameters; plain Python, no device code."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_ids = itertools.count()
+
+
+class InvalidRequest(ValueError):
+    """Bad sampling parameters or a prompt that cannot be served; the message says why."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to continue one prompt. temperature 0 is greedy; top_k <= 0 and top_p >= 1 disable."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        checks = [
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100]"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (isinstance(self.top_k, int) and self.top_k >= 0 or self.top_k == -1,
+             "top_k must be an integer >= 0 (0 or -1: disabled)"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.seed is None or isinstance(self.seed, int), "seed must be an integer"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequest(message)
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence: prompt, generated tokens, its KV slots and its random stream."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    output_ids: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)    # KV slot of each computed position
+    num_computed: int = 0        # positions whose KV is written
+    num_cached: int = 0          # prompt tokens reused from the prefix cache
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    rng: np.random.Generator | None = None
+    text: str = ""               # detokenized output so far (stop strings excluded)
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < len(self.prompt_ids)

@@ -1,0 +1,58 @@
+"""Turns a schedule (requests, new-token counts) into a ForwardBatch, runs the model, samples.
+
+Shape legend: T new tokens in the step, B sequences, C longest context in the batch, V vocab.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from freetoken.models.qwen3_moe import ForwardBatch
+
+
+def build_batch(schedule, kv_pool) -> ForwardBatch:
+    """Allocate KV slots for the new tokens and lay out the flat index arrays."""
+    ids, positions, tok_seq, slots, last = [], [], [], [], []
+    for b, (req, n) in enumerate(schedule):
+        start = req.num_computed
+        req.slots.extend(kv_pool.alloc(n))
+        ids.extend(req.all_ids[start:start + n])
+        positions.extend(range(start, start + n))
+        tok_seq.extend([b] * n)
+        slots.extend(req.slots[start:start + n])
+        last.append(len(ids) - 1)
+    context = max(req.num_computed + n for req, n in schedule)
+    table = np.zeros((len(schedule), context), dtype=np.int32)          # [B, C]
+    for b, (req, n) in enumerate(schedule):
+        table[b, :req.num_computed + n] = req.slots[:req.num_computed + n]
+    as32 = lambda a: np.asarray(a, dtype=np.int32)
+    return ForwardBatch(ids=as32(ids), positions=as32(positions), tok_seq=as32(tok_seq),
+                        slots=as32(slots), slot_table=table, last_index=as32(last),
+                        prefill=any(n > 1 for _, n in schedule))
+
+
+def sample(ops, logits, requests) -> np.ndarray:
+    """One token per row of logits [B, V]; uniforms come from each request's own seeded stream."""
+    p = [r.params for r in requests]
+    f32 = lambda v: np.asarray(v, dtype=np.float32)
+    uniforms = f32([r.rng.random() for r in requests])
+    tokens = ops.sampling(
+        logits, f32([x.temperature for x in p]), np.asarray([max(x.top_k, 0) for x in p], np.int32),
+        f32([x.top_p for x in p]), f32([x.min_p for x in p]), uniforms)
+    return np.asarray(ops.to_host(tokens), dtype=np.int64)
+
+
+def run_step(model, ops, schedule, kv_pool):
+    """Forward the scheduled tokens; returns (requests that sampled, their new token ids)."""
+    batch = build_batch(schedule, kv_pool)
+    device_batch = ForwardBatch(**{k: (ops.to_device(v) if isinstance(v, np.ndarray) else v)
+                                   for k, v in batch.__dict__.items()})
+    logits = model.forward(device_batch)                                  # [B, V]
+    done_prompt = []
+    for b, (req, n) in enumerate(schedule):
+        req.num_computed += n
+        if req.num_computed == req.num_tokens:    # reached the end of what is known: sample
+            done_prompt.append(b)
+    if not done_prompt:
+        return [], np.empty(0, np.int64)
+    reqs = [schedule[b][0] for b in done_prompt]
+    return reqs, sample(ops, logits[np.asarray(done_prompt)], reqs)

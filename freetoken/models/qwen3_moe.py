@@ -1,0 +1,85 @@
+"""Qwen3-MoE forward pass (Qwen3MoeForCausalLM): pure composition of ops.
+
+Shape legend: T tokens in the step, H hidden, B sequences, V vocab, Hq query heads, G kv heads,
+D head dim, k routed experts per token, N KV token slots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from freetoken.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One forward step over the new tokens of B sequences (built by engine/runner.py)."""
+
+    ids: np.ndarray          # int32[T] token ids
+    positions: np.ndarray    # int32[T] position of each token in its sequence
+    tok_seq: np.ndarray      # int32[T] which sequence (row of slot_table) each token belongs to
+    slots: np.ndarray        # int32[T] KV slot each new token is written to
+    slot_table: np.ndarray   # int32[B, C] KV slot of every position of each sequence (padded)
+    last_index: np.ndarray   # int32[B] index into T of the token whose logits each sequence needs
+    prefill: bool            # True when any sequence computes more than one token
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """f32[D/2] NeoX inverse frequencies, with linear position scaling when configured."""
+    exponent = np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** exponent)
+    if cfg.rope_scaling:
+        inv = inv / cfg.rope_scaling["factor"]
+    return inv.astype(np.float32)
+
+
+class Qwen3Moe:
+    """Weights plus ops calls; stateless apart from the weights and the KV pool it is given."""
+
+    def __init__(self, cfg: ModelConfig, weights, ops, moe, kv_pool):
+        self.cfg, self.w, self.ops, self.moe, self.kv = cfg, weights, ops, moe, kv_pool
+        self.inv_freq = ops.to_device(rope_inv_freq(cfg))
+        self.moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
+        self.scale = float(cfg.head_dim) ** -0.5
+
+    def forward(self, batch: ForwardBatch) -> np.ndarray:
+        """Run every layer over the batch's new tokens; returns f32[B, V] logits."""
+        ops = self.ops
+        x = ops.embedding(batch.ids, self.w.embed)                       # [T, H]
+        for layer, lw in enumerate(self.w.layers):
+            x = x + self._attention(layer, lw, ops.rms_norm(x, lw.input_norm, self.cfg.rms_norm_eps), batch)
+            x = x + self._mlp(layer, lw, ops.rms_norm(x, lw.post_norm, self.cfg.rms_norm_eps), batch)
+        last = ops.rms_norm(x[batch.last_index], self.w.final_norm, self.cfg.rms_norm_eps)  # [B, H]
+        return ops.linear(last, self.w.lm_head)                          # [B, V]
+
+    def _attention(self, layer: int, lw, h, batch: ForwardBatch):
+        cfg, ops = self.cfg, self.ops
+        T, D, Hq, G = h.shape[0], cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        qkv = ops.linear(h, lw.qkv)                                      # [T, (Hq+2G)*D]
+        q = self._head_norm(qkv[:, :Hq * D], lw.q_norm, T, Hq)           # [T, Hq, D]
+        k = self._head_norm(qkv[:, Hq * D:(Hq + G) * D], lw.k_norm, T, G)
+        v = ops.xp.ascontiguousarray(qkv[:, (Hq + G) * D:]).reshape(T, G, D)
+        q = ops.rope(q, batch.positions, self.inv_freq)
+        k = ops.rope(k, batch.positions, self.inv_freq)
+        k_cache, v_cache = self.kv.layer(layer)
+        ops.kv_write(k, v, k_cache, v_cache, batch.slots)
+        a = ops.attention(q, k_cache, v_cache, batch.slot_table, batch.tok_seq, batch.positions,
+                          self.scale)                                    # [T, Hq, D]
+        return ops.linear(a.reshape(T, Hq * D), lw.o_proj)               # [T, H]
+
+    def _head_norm(self, x, w, T: int, heads: int):
+        """Per-head RMSNorm over D (Qwen3 q_norm/k_norm), applied before RoPE."""
+        D = self.cfg.head_dim
+        x = self.ops.xp.ascontiguousarray(x).reshape(T * heads, D)
+        return self.ops.rms_norm(x, w, self.cfg.rms_norm_eps).reshape(T, heads, D)
+
+    def _mlp(self, layer: int, lw, h, batch: ForwardBatch):
+        ops, cfg = self.ops, self.cfg
+        if lw.router is None:   # dense SwiGLU layer: one "expert" with weight 1
+            T = h.shape[0]
+            ids = ops.xp.zeros((T, 1), dtype=np.int32)
+            weights = ops.xp.ones((T, 1), dtype=np.float32)
+            return ops.experts(h, ids, weights, lw.gate_up, lw.down)
+        ids, weights = ops.router(ops.linear(h, lw.router), cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        return self.moe.forward(self.moe_index[layer], h, ids, weights, batch.prefill)

@@ -1,0 +1,127 @@
+"""One expert cache for all MoE layers: the residency step of DESIGN §5.2, as a numpy spec.
+
+The CUDA residency kernel must match this bit for bit (slots, owners, usage, recency, rewritten
+ids, fill plan) over long random sequences, so everything is integer and every tie has a stated
+order. Clarity over speed: this is the definition, written as a plain loop.
+
+Shape legend: T tokens, k routed, L layers (MoE layers only), E experts, S slots, q fills.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from freetoken.moe.split import FetchPolicy
+
+COUNTERS = ("hits", "misses", "fills", "cpu_execs", "evictions")
+
+
+class CapacityError(ValueError):
+    """A step routes more distinct experts than the cache has slots."""
+
+
+@dataclass(frozen=True)
+class Fills:
+    """The copy plan of one step: expert `experts[i]` of the layer goes to slot `slots[i]` (int32[q])."""
+
+    slots: np.ndarray
+    experts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
+class SlotCache:
+    """Residency table of S slots shared by L layers of E experts; flat id = layer * E + expert.
+
+    Counters are per layer, in units of distinct experts of a layer-step: hits + misses = routed,
+    fills + cpu_execs = misses; evictions are charged to the layer whose step evicted.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, num_slots: int):
+        if min(num_layers, num_experts, num_slots) < 1:
+            raise ValueError(f"SlotCache needs L, E, S >= 1, got {num_layers}, {num_experts}, {num_slots}")
+        self.L, self.E, self.S = num_layers, num_experts, num_slots
+        self.slot_for = np.empty((self.L, self.E), np.int32)     # [L,E] slot or -1
+        self.owner_of = np.empty(self.S, np.int32)               # [S] flat id or -1
+        self.usage = np.empty(self.S, np.int64)                  # [S] clock of last touch
+        self.recency = np.empty((self.L, self.E), np.int64)      # [L,E] clock last routed, -1 never
+        self.counters = {name: np.zeros(self.L, np.int64) for name in COUNTERS}
+        self.reset()
+
+    def reset(self) -> None:
+        """Cold cache: nothing resident, clock 0, recency forgotten, counters zeroed."""
+        self.slot_for.fill(-1)
+        self.owner_of.fill(-1)
+        self.usage.fill(0)
+        self.recency.fill(-1)
+        self.clock = 0
+        for c in self.counters.values():
+            c.fill(0)
+
+    def step(self, layer: int, ids: np.ndarray, policy: FetchPolicy) -> Fills:
+        """Residency step for one MoE layer call; rewrites ids int32[T,k] in place to slot or -1."""
+        routed = self._dedup(layer, ids)
+        self.clock += 1                                           # part 1
+        hits = [e for e in routed if self.slot_for[layer, e] >= 0]
+        for e in hits:                                            # part 2
+            self.usage[self.slot_for[layer, e]] = self.clock
+        misses = sorted((e for e in routed if self.slot_for[layer, e] < 0),
+                        key=lambda e: (-self.recency[layer, e], e))   # part 3
+        q = policy.count(len(misses))                             # part 4
+        fills = self._fill(layer, routed, misses[:q])             # part 5
+        for e in routed:                                          # part 6
+            self.recency[layer, e] = self.clock
+        self._rewrite(layer, ids)                                 # part 7
+        self._count(layer, len(hits), len(misses), q)             # part 8
+        return fills
+
+    def _dedup(self, layer: int, ids: np.ndarray) -> list[int]:
+        """Distinct routed experts in first-seen (row-major) order; checks the preconditions."""
+        if not 0 <= layer < self.L:
+            raise IndexError(f"MoE layer {layer} outside [0, {self.L})")
+        if ids.dtype != np.int32 or ids.ndim != 2:
+            raise TypeError(f"routed ids must be int32[T,k], got {ids.dtype}{list(ids.shape)}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.E):
+            raise ValueError(f"routed ids must lie in [0, {self.E}), got [{ids.min()}, {ids.max()}]")
+        routed = list(dict.fromkeys(int(e) for e in ids.ravel()))
+        if len(routed) > self.S:
+            raise CapacityError(
+                f"layer {layer} routes {len(routed)} distinct experts in one step but the expert "
+                f"cache has only {self.S} slots; use at least {len(routed)} slots")
+        return routed
+
+    def _fill(self, layer: int, routed: list[int], fetch: list[int]) -> Fills:
+        """Give each fetched expert the LRU slot among slots no routed expert of this layer owns."""
+        base = layer * self.E
+        protected = np.isin(self.owner_of, np.asarray(routed, np.int32) + base)
+        slots = np.empty(len(fetch), np.int32)
+        for i, e in enumerate(fetch):
+            # Smallest (usage, slot): argmin returns the first (lowest) slot among equal usage.
+            victim = int(np.argmin(np.where(protected, np.iinfo(np.int64).max, self.usage)))
+            old = int(self.owner_of[victim])
+            if old >= 0:
+                self.slot_for[old // self.E, old % self.E] = -1
+                self.counters["evictions"][layer] += 1
+            self.owner_of[victim] = base + e
+            self.slot_for[layer, e] = victim
+            self.usage[victim] = self.clock
+            protected[victim] = True                  # now owned by a routed expert
+            slots[i] = victim
+        return Fills(slots, np.asarray(fetch, np.int32))
+
+    def _rewrite(self, layer: int, ids: np.ndarray) -> None:
+        """ids[t, j] := slot of (layer, ids[t, j]) if resident, else -1 (run on the CPU)."""
+        ids[...] = self.slot_for[layer][ids]
+
+    def _count(self, layer: int, hits: int, misses: int, fills: int) -> None:
+        c = self.counters
+        c["hits"][layer] += hits
+        c["misses"][layer] += misses
+        c["fills"][layer] += fills
+        c["cpu_execs"][layer] += misses - fills
+
+    def resident(self, layer: int) -> np.ndarray:
+        """Experts of `layer` that own a slot, ascending (int64[<=E])."""
+        return np.flatnonzero(self.slot_for[layer] >= 0)

@@ -1,0 +1,42 @@
+"""Shared test helpers: a small numpy `experts` op (the contract in docs/contracts.md) and banks.
+
+Shape legend: T tokens, H hidden, E experts, k routed, I expert width, S slots.
+"""
+import numpy as np
+
+from freetoken.kernels._bf16 import from_f32, to_f32
+
+
+def np_experts(x, ids, weights, gate_up, down, out=None):
+    """out[t] = sum_j w[t,j] * down[ids[t,j]] @ (silu(g) * u); ids < 0 contribute nothing."""
+    T, H = x.shape
+    out = np.zeros((T, H), np.float32) if out is None else out
+    out[...] = 0.0
+    inter = gate_up.shape[1] // 2
+    for t in range(T):
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            if e < 0:
+                continue
+            gu = to_f32(gate_up[e]) @ x[t]
+            g, u = gu[:inter], gu[inter:]
+            act = g / (1.0 + np.exp(-g)) * u
+            out[t] += weights[t, j] * (to_f32(down[e]) @ act)
+    return out
+
+
+def random_banks(rng, layers, experts, hidden, width, bf16=True):
+    """One (gate_up [E,2I,H], down [E,H,I]) pair per layer, small values, bf16 or f32."""
+    banks = []
+    for _ in range(layers):
+        gu = rng.standard_normal((experts, 2 * width, hidden), np.float32) * 0.2
+        dn = rng.standard_normal((experts, hidden, width), np.float32) * 0.2
+        banks.append((from_f32(gu), from_f32(dn)) if bf16 else (gu, dn))
+    return banks
+
+
+def random_routing(rng, tokens, experts, top_k):
+    """ids int32[T,k] (distinct per row) and weights f32[T,k] summing to 1 per row."""
+    ids = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]).astype(np.int32)
+    w = rng.random((tokens, top_k)).astype(np.float32) + 0.1
+    return ids, (w / w.sum(1, keepdims=True)).astype(np.float32)
