@@ -84,6 +84,22 @@ class EngineCore:
         banks = [(self.weights.layers[i].gate_up, self.weights.layers[i].down) for i in cfg.moe_layers]
         return build_moe(cfg, banks, self.config, self.ops.experts, logger)
 
+    def record_routing(self) -> None:
+        """From now on, record every decode MoE layer call's routed ids (see moe/trace.py)."""
+        from freetoken.moe.trace import RecordingMoE, RoutingRecorder
+        cfg = self.model_config
+        self.recorder = RoutingRecorder(len(cfg.moe_layers), cfg.num_experts, cfg.num_experts_per_tok,
+                                        model=self.model_dir.name)
+        self.model.moe = RecordingMoE(self.moe, self.recorder)
+
+    def save_routing(self, path) -> None:
+        self.recorder.save(path)
+        logger.info("routing trace written to %s", path)
+
+    def close(self) -> None:
+        """Join the MoE executor thread; the engine is unusable afterwards."""
+        self.moe.close()
+
     # --- requests -------------------------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:

@@ -5,13 +5,14 @@ Kernel code uses these names from here, all valid plain Python too:
   ``njit(**options)``  decorator; nested calls between lazy kernels work (callees compile first)
   ``prange``           ``range`` in Python, ``numba.prange`` inside a compiled kernel
   ``widen(v)``         bf16 bits (uint16) or any float -> float32
+  ``from_bits(u)``     uint32 bit pattern -> float32 (a bitcast)
   ``narrow(v, arr)``   float32 -> ``arr``'s dtype: bf16 bits (round to nearest even) or float
-  ``dot(x, w)``        fp32 dot of an f32 vector with a bf16/float row (the GEMV inner loop)
-  ``widen_into(w, o)`` parallel bf16/float -> float32 copy (feeds BLAS on the prefill paths)
+and the GEMV inner loops shared by linear, experts and attention (see "row dot products").
 """
 import os
 import threading
 import types as _pytypes
+import zlib
 
 import numpy as np
 
@@ -34,6 +35,11 @@ def widen(v):
     if isinstance(v, np.uint16):
         return np.array([int(v) << 16], np.uint32).view(np.float32)[0]
     return np.float32(v)
+
+
+def from_bits(u):
+    """uint32 bit pattern -> float32 (Python fallback of the compiled bitcast)."""
+    return np.array([u], np.uint32).view(np.float32)[0]
 
 
 def narrow(v, like):
@@ -93,6 +99,20 @@ def _register_overloads(numba):
             return lambda v: bits_to_f32(np.uint32(v) << np.uint32(16))
         return lambda v: np.float32(v)
 
+    @overload(from_bits, inline="always")
+    def _from_bits(u):
+        return lambda u: bits_to_f32(np.uint32(u))
+
+    def by_row_type(pairs, plain):
+        return lambda w: pairs if w.dtype == types.uint32 else plain
+
+    overload(dot)(lambda xs, w: by_row_type(_dot_pairs, _dot_plain)(w))
+    overload(dot4)(lambda xs, t0, t1, t2, t3, w: by_row_type(_dot4_pairs, _dot4_plain)(w))
+    overload(axpy)(lambda a, w, acc: by_row_type(_axpy_pairs, _axpy_plain)(w))
+    # an overload, not an njit function: numba then compiles it into the caller's module, where
+    # LLVM inlines it; a call into another dispatcher's library is not inlined (25% slower rows)
+    overload(dots, inline="always")(lambda xs, toks, w, res: dots)
+
     @overload(narrow, inline="always")
     def _narrow(v, like):
         if like.dtype == types.uint16:
@@ -114,6 +134,7 @@ class LazyKernel:
         self.py_func = fn
         self.options = options
         self._disp = None
+        self.sources = set()  # files whose code this kernel compiles in (set when resolved)
         self.__doc__, self.__name__, self.__wrapped__ = fn.__doc__, fn.__name__, fn
 
     def __call__(self, *args):
@@ -133,14 +154,21 @@ class LazyKernel:
     def _resolved(self, numba):
         fn = self.py_func
         glb = dict(fn.__globals__)
+        self.sources = {fn.__code__.co_filename, __file__}
         for name in fn.__code__.co_names:
             val = glb.get(name)
             if isinstance(val, LazyKernel):
                 glb[name] = val.dispatcher
+                self.sources |= val.sources
             elif val is prange:
                 glb[name] = numba.prange
         new = _pytypes.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
-        new.__qualname__, new.__module__ = fn.__qualname__, fn.__module__
+        # numba's cache only checks the kernel's own file; naming the cache entry after the
+        # state of every file it inlines from keeps an edited helper from loading stale code
+        stamp = ";".join(f"{p}:{os.stat(p).st_mtime_ns}:{os.stat(p).st_size}"
+                         for p in sorted(self.sources))
+        new.__qualname__ = f"{fn.__qualname__}.v{zlib.crc32(stamp.encode()):08x}"
+        new.__module__ = fn.__module__
         return new
 
 
@@ -151,18 +179,116 @@ def njit(**options):
     return wrap
 
 
-@njit(**SERIAL)
-def dot(x, w):
-    """sum(x[i] * widen(w[i])) in fp32; x f32[n], w [n]. fastmath lets LLVM use vector partials."""
+# ---- row dot products: the GEMV inner loops -----------------------------------------------------
+# A bf16 row of even length K is read as K/2 uint32 pairs: the low half is the even element, the
+# high half the odd one (little endian), so widening costs one shift or one mask per element and
+# no shuffles; the activations are then stored split into even and odd halves, xs [T, 2, K/2].
+# Every other row (fp32, or bf16 of odd length) is read element by element with xs [T, 1, K].
+# Measured on the 2-core dev box: 1.8x the in-cache throughput of zero-extend-and-shift.
+
+def weight_rows(w):
+    """The view of a weight array [.., K] the row dots read (see the comment above)."""
+    if w.dtype == np.uint16 and w.shape[-1] % 2 == 0 and w.flags.c_contiguous:
+        return w.view(np.uint32)
+    return w
+
+
+def split_x(x, rows):
+    """x f32[..,K] -> xs f32[..,L,K/L], the activation layout for weight rows ``rows``:
+    xs[.., l, i] = x[.., i*L + l]."""
+    x = np.asarray(x, np.float32)
+    if rows.dtype == np.uint32:
+        return np.ascontiguousarray(x.reshape(*x.shape[:-1], -1, 2).swapaxes(-1, -2))
+    return np.ascontiguousarray(x).reshape(*x.shape[:-1], 1, x.shape[-1])
+
+
+def _dot_plain(xs, w):
+    x = xs[0]
     acc = np.float32(0.0)
-    for i in range(x.shape[0]):
+    for i in range(w.shape[0]):
         acc += x[i] * widen(w[i])
     return acc
+
+
+def _dot_pairs(xs, w):
+    xe, xo = xs[0], xs[1]
+    ae = np.float32(0.0)
+    ao = np.float32(0.0)
+    for i in range(w.shape[0]):
+        ae += xe[i] * from_bits(w[i] << np.uint32(16))
+        ao += xo[i] * from_bits(w[i] & np.uint32(0xFFFF0000))
+    return ae + ao
+
+
+def _dot4_plain(xs, t0, t1, t2, t3, w):
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for i in range(w.shape[0]):
+        v = widen(w[i])
+        a0 += xs[t0, 0, i] * v
+        a1 += xs[t1, 0, i] * v
+        a2 += xs[t2, 0, i] * v
+        a3 += xs[t3, 0, i] * v
+    return a0, a1, a2, a3
+
+
+def _dot4_pairs(xs, t0, t1, t2, t3, w):
+    # four tokens share each widened weight: 8 independent FMA chains, one weight load
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+    for i in range(w.shape[0]):
+        ve = from_bits(w[i] << np.uint32(16))
+        vo = from_bits(w[i] & np.uint32(0xFFFF0000))
+        a0 += xs[t0, 0, i] * ve
+        b0 += xs[t0, 1, i] * vo
+        a1 += xs[t1, 0, i] * ve
+        b1 += xs[t1, 1, i] * vo
+        a2 += xs[t2, 0, i] * ve
+        b2 += xs[t2, 1, i] * vo
+        a3 += xs[t3, 0, i] * ve
+        b3 += xs[t3, 1, i] * vo
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+def dot(xs, w):
+    """fp32 dot of one activation xs f32[L,K/L] with one weight row w (layouts above)."""
+    return (_dot_pairs if w.dtype == np.uint32 else _dot_plain)(xs, w)
+
+
+def dot4(xs, t0, t1, t2, t3, w):
+    """Four dots at once: (dot(xs[t0], w), ..., dot(xs[t3], w)), xs f32[T,L,K/L]."""
+    return (_dot4_pairs if w.dtype == np.uint32 else _dot4_plain)(xs, t0, t1, t2, t3, w)
+
+
+def _axpy_plain(a, w, acc):
+    for i in range(w.shape[0]):
+        acc[0, i] += a * widen(w[i])
+
+
+def _axpy_pairs(a, w, acc):
+    for i in range(w.shape[0]):
+        acc[0, i] += a * from_bits(w[i] << np.uint32(16))
+        acc[1, i] += a * from_bits(w[i] & np.uint32(0xFFFF0000))
+
+
+def axpy(a, w, acc):
+    """acc f32[L,K/L] += a * row w, in the split layout of ``split_x``."""
+    (_axpy_pairs if w.dtype == np.uint32 else _axpy_plain)(a, w, acc)
+
+
+def dots(xs, toks, w, res):
+    """res[j] = dot(xs[toks[j]], w) for every j; xs f32[T,L,K/L], toks int32[n], res f32[>=n]."""
+    n4 = toks.shape[0] // 4 * 4
+    for j in range(0, n4, 4):
+        res[j], res[j + 1], res[j + 2], res[j + 3] = dot4(
+            xs, toks[j], toks[j + 1], toks[j + 2], toks[j + 3], w)
+    for j in range(n4, toks.shape[0]):
+        res[j] = dot(xs[toks[j]], w)
 
 
 @njit(**HOT)
 def widen_into(w, out):
     """out f32[R,C] = widen(w [R,C]), parallel over rows (both C-contiguous)."""
     for r in prange(w.shape[0]):
-        for c in range(w.shape[1]):
-            out[r, c] = widen(w[r, c])
+        src = w[r]
+        dst = out[r]
+        for c in range(src.shape[0]):
+            dst[c] = widen(src[c])

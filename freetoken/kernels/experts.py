@@ -7,9 +7,10 @@ ids < 0 contribute nothing, duplicate ids in a row both count, ``out`` is overwr
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
-from freetoken.kernels._numba import HOT, SERIAL, dot, njit, prange, widen_into
+from freetoken.kernels._numba import (HOT, SERIAL, dots, njit, prange, split_x, weight_rows,
+                                      widen_into)
 
-ROWS = 8        # output rows per parallel work item: small enough to balance 16 threads
+ROWS = 32       # rows per parallel work item: amortises per-item costs, still >= 8 items per thread at 16
 BLAS_MIN_T = 24  # from this many tokens, widen each expert once and let BLAS do the GEMMs
 
 
@@ -82,30 +83,38 @@ def _silu_mul(g, u):
 
 
 @njit(**HOT)
-def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out):
-    """Decode path: every expert row is read once per call, parallel over (expert, row block)."""
-    I = down.shape[2]
-    H = x.shape[1]
-    act = np.empty((ptok.shape[0], I), np.float32)             # [P,I]
+def _gemv(xs, gate_up, down, uniq, offs, ptok, pw, act, out):
+    """Few-token path, each weight row read once per call. xs f32[T,L,H/L] and gate_up, down in
+    the row-dot layouts of _numba; act f32[P,Ld,I/Ld] is scratch, Ld from down's layout.
+    Work items are (expert, block of ROWS rows) in weight order, so each thread's static share
+    of the items is one long sequential stream (the prefetcher's best case)."""
+    I = gate_up.shape[1] // 2
+    H = out.shape[1]
+    Ld = act.shape[1]
     nib = (I + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nib):
-        u = item // nib
-        e = uniq[u]
-        i0 = (item % nib) * ROWS
+        u, i0 = item // nib, (item % nib) * ROWS
+        toks = ptok[offs[u]:offs[u + 1]]
+        g = np.empty(toks.shape[0], np.float32)
+        v = np.empty(toks.shape[0], np.float32)
         for i in range(i0, min(i0 + ROWS, I)):
-            for p in range(offs[u], offs[u + 1]):
-                xt = x[ptok[p]]
-                act[p, i] = _silu_mul(dot(xt, gate_up[e, i]), dot(xt, gate_up[e, I + i]))
-    # down: each thread owns whole output rows h for every token, so no write is shared
-    for hb in prange((H + ROWS - 1) // ROWS):
-        h0 = hb * ROWS
-        h1 = min(h0 + ROWS, H)
-        out[:, h0:h1] = 0.0
-        for u in range(uniq.shape[0]):
-            e = uniq[u]
-            for h in range(h0, h1):
-                for p in range(offs[u], offs[u + 1]):
-                    out[ptok[p], h] += pw[p] * dot(act[p], down[e, h])
+            dots(xs, toks, gate_up[uniq[u], i], g)
+            dots(xs, toks, gate_up[uniq[u], I + i], v)
+            for j in range(toks.shape[0]):
+                act[offs[u] + j, i % Ld, i // Ld] = _silu_mul(g[j], v[j])
+    pidx = np.arange(ptok.shape[0]).astype(np.int32)
+    y = np.empty((H, ptok.shape[0]), np.float32)                # [H,P] per-pair down outputs
+    nhb = (H + ROWS - 1) // ROWS
+    for item in prange(uniq.shape[0] * nhb):
+        u, h0 = item // nhb, (item % nhb) * ROWS
+        ps = pidx[offs[u]:offs[u + 1]]
+        for h in range(h0, min(h0 + ROWS, H)):
+            dots(act, ps, down[uniq[u], h], y[h, offs[u]:])
+    for hb in prange(nhb):                                      # out[t] = sum_p pw[p] * y[:, p]
+        for h in range(hb * ROWS, min(hb * ROWS + ROWS, H)):
+            out[:, h] = 0.0
+            for p in range(ptok.shape[0]):
+                out[ptok[p], h] += pw[p] * y[h, p]
 
 
 def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
@@ -141,6 +150,9 @@ def cpu(x, ids, weights, gate_up, down, out=None):
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32),
                  gate_up.shape[0])
     if T < BLAS_MIN_T:
-        _gemv(x, gate_up, down, *plan, out)
+        gu, dn = weight_rows(gate_up), weight_rows(down)
+        Ld = 2 if dn.dtype == np.uint32 else 1
+        act = np.empty((plan[2].shape[0], Ld, down.shape[2] // Ld), np.float32)   # [P,Ld,I/Ld]
+        _gemv(split_x(x, gu), gu, dn, *plan, act, out)
         return out
     return _blas(x, gate_up, down, *plan, out)

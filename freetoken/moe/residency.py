@@ -15,6 +15,7 @@ import numpy as np
 from freetoken.moe.split import FetchPolicy
 
 COUNTERS = ("hits", "misses", "fills", "cpu_execs", "evictions")
+_TAKEN = np.iinfo(np.int64).max          # victim key of a slot this step must not evict
 
 
 class CapacityError(ValueError):
@@ -61,20 +62,22 @@ class SlotCache:
             c.fill(0)
 
     def step(self, layer: int, ids: np.ndarray, policy: FetchPolicy) -> Fills:
-        """Residency step for one MoE layer call; rewrites ids int32[T,k] in place to slot or -1."""
+        """Residency step for one MoE layer call; rewrites ids int32[T,k] in place to slot or -1.
+
+        The preconditions are checked before part 1, so a step that raises changes nothing.
+        """
         routed = self._dedup(layer, ids)
         self.clock += 1                                           # part 1
-        hits = [e for e in routed if self.slot_for[layer, e] >= 0]
-        for e in hits:                                            # part 2
-            self.usage[self.slot_for[layer, e]] = self.clock
-        misses = sorted((e for e in routed if self.slot_for[layer, e] < 0),
-                        key=lambda e: (-self.recency[layer, e], e))   # part 3
+        resident = self.slot_for[layer, routed]                   # slot per routed expert, or -1
+        self.usage[resident[resident >= 0]] = self.clock          # part 2: hits
+        recency = self.recency[layer]
+        misses = sorted((e for e, s in zip(routed, resident.tolist()) if s < 0),
+                        key=lambda e: (-int(recency[e]), e))      # part 3
         q = policy.count(len(misses))                             # part 4
         fills = self._fill(layer, routed, misses[:q])             # part 5
-        for e in routed:                                          # part 6
-            self.recency[layer, e] = self.clock
+        recency[routed] = self.clock                              # part 6
         self._rewrite(layer, ids)                                 # part 7
-        self._count(layer, len(hits), len(misses), q)             # part 8
+        self._count(layer, len(routed) - len(misses), len(misses), q)   # part 8
         return fills
 
     def _dedup(self, layer: int, ids: np.ndarray) -> list[int]:
@@ -85,7 +88,7 @@ class SlotCache:
             raise TypeError(f"routed ids must be int32[T,k], got {ids.dtype}{list(ids.shape)}")
         if ids.size and (ids.min() < 0 or ids.max() >= self.E):
             raise ValueError(f"routed ids must lie in [0, {self.E}), got [{ids.min()}, {ids.max()}]")
-        routed = list(dict.fromkeys(int(e) for e in ids.ravel()))
+        routed = list(dict.fromkeys(ids.ravel().tolist()))
         if len(routed) > self.S:
             raise CapacityError(
                 f"layer {layer} routes {len(routed)} distinct experts in one step but the expert "
@@ -94,20 +97,22 @@ class SlotCache:
 
     def _fill(self, layer: int, routed: list[int], fetch: list[int]) -> Fills:
         """Give each fetched expert the LRU slot among slots no routed expert of this layer owns."""
-        base = layer * self.E
-        protected = np.isin(self.owner_of, np.asarray(routed, np.int32) + base)
+        # Victim key = usage, with the slots of this step's routed experts (hits, earlier fills)
+        # taken out; argmin returns the first of equal keys, so ties go to the lower slot.
+        key = self.usage.copy()
+        owned = self.slot_for[layer, routed]
+        key[owned[owned >= 0]] = _TAKEN
         slots = np.empty(len(fetch), np.int32)
         for i, e in enumerate(fetch):
-            # Smallest (usage, slot): argmin returns the first (lowest) slot among equal usage.
-            victim = int(np.argmin(np.where(protected, np.iinfo(np.int64).max, self.usage)))
+            victim = int(key.argmin())
             old = int(self.owner_of[victim])
             if old >= 0:
                 self.slot_for[old // self.E, old % self.E] = -1
                 self.counters["evictions"][layer] += 1
-            self.owner_of[victim] = base + e
+            self.owner_of[victim] = layer * self.E + e
             self.slot_for[layer, e] = victim
             self.usage[victim] = self.clock
-            protected[victim] = True                  # now owned by a routed expert
+            key[victim] = _TAKEN
             slots[i] = victim
         return Fills(slots, np.asarray(fetch, np.int32))
 
@@ -121,7 +126,3 @@ class SlotCache:
         c["misses"][layer] += misses
         c["fills"][layer] += fills
         c["cpu_execs"][layer] += misses - fills
-
-    def resident(self, layer: int) -> np.ndarray:
-        """Experts of `layer` that own a slot, ascending (int64[<=E])."""
-        return np.flatnonzero(self.slot_for[layer] >= 0)

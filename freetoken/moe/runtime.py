@@ -44,7 +44,8 @@ class MoERuntime:
         """MoE layer j: x f32[T,H], ids int32[T,k] (not modified), weights f32[T,k] -> f32[T,H]."""
         if prefill:
             self.prefill_calls += 1
-            return self._on_cpu(j, x, ids, weights) if self.backend == "cpu" else self._direct(j, x, ids, weights)
+            run = self._on_cpu if self.backend == "cpu" else self._direct
+            return run(j, x, ids, weights)
         if self.backend == "fused":
             self._count_uncached(j, ids, "hits")
             return self._direct(j, x, ids, weights)
@@ -68,7 +69,7 @@ class MoERuntime:
         cpu_ids = overflow_ids(ids, slots)
         on_cpu = bool((cpu_ids >= 0).any())
         bank = self.banks[j]
-        if on_cpu:                                   # start the CPU first: it is the long branch
+        if on_cpu:                                   # first, so it overlaps the copy and the pool op
             self.executor.submit(x, cpu_ids, weights, bank.gate_up, bank.down)
         try:
             self.pool.fill(bank, fills)              # stands in for the host -> device copy

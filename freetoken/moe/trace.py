@@ -93,6 +93,24 @@ class RoutingRecorder:
         self.trace().save(path)
 
 
+class RecordingMoE:
+    """Wraps a MoE runtime: records each decode call's routed ids, then delegates everything.
+
+    moe = RecordingMoE(build_moe(...), RoutingRecorder(L, E, k, model_name)); ...; moe.recorder.save(p)
+    """
+
+    def __init__(self, moe, recorder: RoutingRecorder):
+        self.moe, self.recorder = moe, recorder
+
+    def forward(self, j, x, ids, weights, prefill=False):
+        if not prefill:                    # prefill routes every prompt token: not a decode trace
+            self.recorder.record(j, ids)
+        return self.moe.forward(j, x, ids, weights, prefill)
+
+    def __getattr__(self, name):
+        return getattr(self.moe, name)
+
+
 def zipf_popularity(num_experts: int, s: float, rng: np.random.Generator) -> np.ndarray:
     """p[e] proportional to 1/(rank(e)+1)^s over a random ranking of the experts; f64[E]."""
     p = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** s

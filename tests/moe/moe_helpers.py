@@ -4,7 +4,9 @@ Shape legend: T tokens, H hidden, E experts, k routed, I expert width, S slots.
 """
 import numpy as np
 
+from freetoken.config import EngineConfig, ModelConfig
 from freetoken.kernels._bf16 import from_f32, to_f32
+from freetoken.moe.runtime import build_moe
 
 
 def np_experts(x, ids, weights, gate_up, down, out=None):
@@ -40,3 +42,24 @@ def random_routing(rng, tokens, experts, top_k):
     ids = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]).astype(np.int32)
     w = rng.random((tokens, top_k)).astype(np.float32) + 0.1
     return ids, (w / w.sum(1, keepdims=True)).astype(np.float32)
+
+
+# A small model for runtime tests: L MoE layers of E experts, top-K, hidden H, expert width I.
+L, E, K, H, I = 3, 8, 2, 16, 8
+
+
+def model_config(layers=L, experts=E, top_k=K):
+    return ModelConfig.from_dict({
+        "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": H,
+        "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 8, "num_experts": experts, "num_experts_per_tok": top_k,
+        "moe_intermediate_size": I, "norm_topk_prob": True})
+
+
+def engine(**kw):
+    return EngineConfig(**{"max_running_requests": 2, **kw})
+
+
+def build(backend, banks, logs=None, **kw):
+    sink = logs.append if logs is not None else (lambda msg: None)
+    return build_moe(model_config(), banks, engine(moe_backend=backend, **kw), np_experts, sink)

@@ -1,0 +1,37 @@
+"""Store new K/V rows into the token-slot KV pool; pairs: cuda/kv_write.cu,
+tests/kernels/test_kv_write.py."""
+import numpy as np
+
+from freetoken.kernels._bf16 import from_f32
+from freetoken.kernels._numba import HOT, narrow, njit, prange
+
+
+def ref(k, v, k_cache, v_cache, slots):
+    """k, v f32[T,G,D] -> k_cache[slots[t]], v_cache[slots[t]] ([N,G,D], bf16 bits or float);
+    bf16 caches round to nearest even. Slots in one call are distinct."""
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        src = np.asarray(src, np.float32)
+        cache[np.asarray(slots)] = from_f32(src) if cache.dtype == np.uint16 else src
+
+
+@njit(**HOT)
+def _write(k, v, k_cache, v_cache, slots):
+    T, G, D = k.shape
+    for t in prange(T):
+        s = slots[t]
+        for g in range(G):
+            for d in range(D):
+                k_cache[s, g, d] = narrow(k[t, g, d], k_cache)
+                v_cache[s, g, d] = narrow(v[t, g, d], v_cache)
+
+
+def cpu(k, v, k_cache, v_cache, slots):
+    """Same contract as ``ref``; slots are bounds-checked here (the kernel does not check)."""
+    k = np.ascontiguousarray(k, np.float32)
+    v = np.ascontiguousarray(v, np.float32)
+    slots = np.ascontiguousarray(slots, np.int32)
+    N = k_cache.shape[0]
+    assert k.shape == v.shape and k.shape[1:] == k_cache.shape[1:] == v_cache.shape[1:]
+    if slots.size and not (0 <= slots.min() and slots.max() < N):
+        raise IndexError(f"kv_write: slot out of range [0, {N})")
+    _write(k, v, k_cache, v_cache, slots)

@@ -1,0 +1,55 @@
+"""Rotary position embedding, NeoX rotate-half; pairs: cuda/rope.cu, tests/kernels/test_rope.py.
+
+Element i of a head pairs with element i + R/2, R = 2 * len(inv_freq); the angle is
+float32(pos) * inv_freq[i] (an fp32 product). The contract has R = D; a shorter inv_freq
+(partial rotary, as in Qwen3.5) rotates the first R elements and copies the rest.
+"""
+import numpy as np
+
+from freetoken.kernels._numba import HOT, njit, prange
+
+
+def ref(x, positions, inv_freq, out=None):
+    """x f32[T,nh,D], positions int32[T], inv_freq f32[R/2] -> f32[T,nh,D]."""
+    x = np.asarray(x, np.float32)
+    half = inv_freq.shape[0]
+    ang = np.asarray(positions).astype(np.float32)[:, None] * inv_freq.astype(np.float32)
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]      # [T,1,R/2]
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    res = x.copy()
+    res[..., :half] = x1 * cos - x2 * sin
+    res[..., half:2 * half] = x2 * cos + x1 * sin
+    if out is None:
+        return res
+    out[...] = res
+    return out
+
+
+@njit(**HOT)
+def _rope(x, positions, inv_freq, out):
+    T, nh, D = x.shape
+    half = inv_freq.shape[0]
+    for t in prange(T):
+        pos = np.float32(positions[t])
+        for i in range(half):
+            a = pos * inv_freq[i]
+            c = np.cos(a)
+            s = np.sin(a)
+            for h in range(nh):
+                x1 = x[t, h, i]
+                x2 = x[t, h, i + half]
+                out[t, h, i] = x1 * c - x2 * s
+                out[t, h, i + half] = x2 * c + x1 * s
+        if 2 * half < D:
+            out[t, :, 2 * half:] = x[t, :, 2 * half:]
+
+
+def cpu(x, positions, inv_freq, out=None):
+    """Same contract as ``ref``; ``out`` may be ``x`` (both halves are read before writing)."""
+    x = np.ascontiguousarray(x, np.float32)
+    assert x.ndim == 3 and 2 * inv_freq.shape[0] <= x.shape[2], (x.shape, inv_freq.shape)
+    if out is None:
+        out = np.empty_like(x)
+    _rope(x, np.ascontiguousarray(positions, np.int32),
+          np.ascontiguousarray(inv_freq, np.float32), out)
+    return out

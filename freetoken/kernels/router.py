@@ -1,0 +1,59 @@
+"""Top-k softmax router; pairs: cuda/router.cu, tests/kernels/test_router.py.
+
+Softmax over E in fp32, then the k largest probabilities, ordered by probability descending with
+ties going to the lower expert id; renormalised over the k when ``norm_topk_prob`` is set.
+``out`` (optional) is a preallocated (ids int32[T,k], weights f32[T,k]) pair.
+"""
+import numpy as np
+
+from freetoken.kernels._numba import SERIAL, njit
+
+
+def ref(logits, k, norm_topk_prob, out=None):
+    """logits f32[T,E] -> (ids int32[T,k], weights f32[T,k])."""
+    x = np.asarray(logits, np.float32)
+    p = np.exp(x - x.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    order = np.argsort(-p, axis=-1, kind="stable")[:, :k]        # stable: ties -> lower id
+    w = np.take_along_axis(p, order, axis=-1)
+    if norm_topk_prob:
+        w = w / w.sum(axis=-1, keepdims=True)
+    if out is None:
+        return order.astype(np.int32), w.astype(np.float32)
+    out[0][...] = order
+    out[1][...] = w
+    return out
+
+
+@njit(**SERIAL)
+def _route(x, k, norm, ids, w):
+    # serial: T is small at decode and k passes over E beat a sort for k << E
+    T, E = x.shape
+    p = np.empty(E, np.float32)
+    taken = np.zeros(E, np.bool_)
+    for t in range(T):
+        m = x[t].max()
+        for e in range(E):
+            p[e] = np.exp(x[t, e] - m)
+        p /= p.sum()
+        taken[:] = False
+        for j in range(k):
+            best = -1
+            for e in range(E):              # strict > keeps the lowest id among equals
+                if not taken[e] and (best < 0 or p[e] > p[best]):
+                    best = e
+            taken[best] = True
+            ids[t, j] = best
+            w[t, j] = p[best]
+        if norm:
+            w[t] /= w[t].sum()
+
+
+def cpu(logits, k, norm_topk_prob, out=None):
+    """Same contract as ``ref``."""
+    x = np.ascontiguousarray(logits, np.float32)
+    T, E = x.shape
+    assert 0 < k <= E, (k, E)
+    ids, w = out if out is not None else (np.empty((T, k), np.int32), np.empty((T, k), np.float32))
+    _route(x, int(k), bool(norm_topk_prob), ids, w)
+    return ids, w

@@ -1,0 +1,1 @@
+"""HTTP server: OpenAI and Anthropic APIs over the engine (starlette + hypercorn)."""

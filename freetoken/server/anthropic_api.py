@@ -1,0 +1,154 @@
+"""Anthropic routes: /v1/messages (JSON and the full SSE event sequence), /v1/messages/count_tokens."""
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from freetoken.server import sse
+from freetoken.server.errors import APIError, error_body
+from freetoken.server.generation import (Done, Generation, GenerationError, Ping, Reasoning, Text, ToolCall,
+                                         Usage, cancel_on_disconnect, chat_spec)
+from freetoken.server.messages import anthropic_conversation
+from freetoken.server.protocol import Body, sampling, stop_strings, template_kwargs
+from freetoken.server.state import new_id, read_json
+
+IGNORED_FIELDS = {"metadata", "service_tier", "context_management"}
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "chat_template_kwargs",
+                "context_management"}
+MESSAGE_FIELDS = COUNT_FIELDS | IGNORED_FIELDS | {"max_tokens", "stop_sequences", "stream", "temperature",
+                                                  "top_p", "top_k", "min_p", "seed", "ignore_eos"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+async def messages(request: Request) -> Response:
+    state = request.app.state.server
+    body = Body(await read_json(request, state.config.max_body_bytes))
+    body.only(MESSAGE_FIELDS)
+    conv, kwargs = _conversation(body, state)
+    body.obj("metadata", None)
+    body.str("service_tier", None)
+    params = sampling(body, state.limits(), max_tokens=body.int("max_tokens", lo=1),
+                      stop=stop_strings(body, "stop_sequences"), temperature_max=1.0)
+    stream = body.bool("stream", False)
+    spec = await chat_spec(state, conv, params, kwargs)
+    gen = Generation(state, spec, "/v1/messages", new_id("msg_"))
+    head = {"id": gen.rid, "type": "message", "role": "assistant", "model": body.data["model"]}
+    if stream:
+        return sse.response(_frames(gen, head, len(spec.prompt_ids)))
+    try:
+        result = await cancel_on_disconnect(request, gen.collect())
+    except GenerationError as e:
+        raise APIError(400 if e.invalid else 500, str(e)) from None
+    if result is None:
+        return Response(status_code=499)
+    content = []
+    if result.reasoning:
+        content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
+    if result.text:
+        content.append({"type": "text", "text": result.text})
+    content += [_tool_use(c) for c in result.calls]
+    reason, stop_sequence = _stop(result.done)
+    return JSONResponse({**head, "content": content, "stop_reason": reason, "stop_sequence": stop_sequence,
+                         "usage": usage(result.done.usage)})
+
+
+async def count_tokens(request: Request) -> Response:
+    state = request.app.state.server
+    body = Body(await read_json(request, state.config.max_body_bytes))
+    body.only(COUNT_FIELDS)
+    conv, kwargs = _conversation(body, state)
+    params = sampling(Body({}), state.limits(), max_tokens=1, stop=(), temperature_max=1.0)
+    spec = await chat_spec(state, conv, params, kwargs)
+    return JSONResponse({"input_tokens": len(spec.prompt_ids)})
+
+
+def usage(u: Usage) -> dict:
+    """Anthropic counts cache reads apart: input_tokens are the prompt tokens computed anew."""
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def _conversation(body: Body, state):
+    state.check_model(body.str("model", nonempty=True))
+    conv = anthropic_conversation(body)
+    kwargs = template_kwargs(body)
+    if body.has("thinking"):
+        thinking = body.obj("thinking")
+        kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))
+        thinking.int("budget_tokens", None, lo=0)
+        kwargs.setdefault("enable_thinking", kind != "disabled")
+    return conv, kwargs
+
+
+def _stop(done: Done) -> tuple[str, str | None]:
+    if done.stop_sequence is not None:
+        return "stop_sequence", done.stop_sequence
+    return STOP_REASONS.get(done.finish_reason, "end_turn"), None
+
+
+def _tool_use(c: ToolCall, with_input: bool = True) -> dict:
+    return {"type": "tool_use", "id": new_id("toolu_"), "name": c.name,
+            "input": json.loads(c.arguments) if with_input else {}}
+
+
+class _Blocks:
+    """Content-block bookkeeping for the stream: a new block whenever the kind changes."""
+
+    def __init__(self):
+        self.index, self.kind = -1, None
+
+    def open(self, kind: str, block: dict) -> list[str]:
+        if self.kind == kind and kind != "tool_use":
+            return []
+        frames = self.close()
+        self.index, self.kind = self.index + 1, kind
+        frames.append(sse.event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                        "content_block": block}))
+        return frames
+
+    def delta(self, delta: dict) -> str:
+        return sse.event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                 "delta": delta})
+
+    def close(self) -> list[str]:
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [sse.event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+
+def _event_frames(ev, blocks: _Blocks) -> list[str]:
+    if isinstance(ev, Text):
+        return blocks.open("text", {"type": "text", "text": ""}) + [
+            blocks.delta({"type": "text_delta", "text": ev.text})]
+    if isinstance(ev, Reasoning):
+        return blocks.open("thinking", {"type": "thinking", "thinking": "", "signature": ""}) + [
+            blocks.delta({"type": "thinking_delta", "thinking": ev.text})]
+    if isinstance(ev, ToolCall):
+        return blocks.open("tool_use", _tool_use(ev, with_input=False)) + [
+            blocks.delta({"type": "input_json_delta", "partial_json": ev.arguments})] + blocks.close()
+    if isinstance(ev, Ping):
+        return [sse.event("ping", {"type": "ping"})]
+    reason, stop_sequence = _stop(ev)
+    return blocks.close() + [
+        sse.event("message_delta", {"type": "message_delta",
+                                    "delta": {"stop_reason": reason, "stop_sequence": stop_sequence},
+                                    "usage": usage(ev.usage)}),
+        sse.event("message_stop", {"type": "message_stop"})]
+
+
+async def _frames(gen: Generation, head: dict, prompt_tokens: int):
+    start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_read_input_tokens": 0,
+                       "cache_creation_input_tokens": 0}}
+    yield sse.event("message_start", {"type": "message_start", "message": start})
+    blocks = _Blocks()
+    try:
+        async for ev in gen.events():
+            for frame in _event_frames(ev, blocks):
+                yield frame
+    except GenerationError as e:
+        body = error_body(APIError(400 if e.invalid else 500, str(e)), "anthropic")
+        yield sse.event("error", body)

@@ -1,0 +1,232 @@
+"""One request's run through the engine as neutral events, shared by the OpenAI and Anthropic routes.
+
+Prompt text -> token ids happens off the event loop; outputs pass through the reasoning splitter
+and the tool-call parser; the end writes one log line and updates the metrics.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import anyio
+
+from freetoken.engine.request import InvalidRequest, SamplingParams
+from freetoken.log import logger
+from freetoken.server.errors import APIError
+from freetoken.server.messages import Conversation
+from freetoken.server.reasoning import OPEN as THINK_OPEN
+from freetoken.server.reasoning import CLOSE as THINK_CLOSE
+from freetoken.server.reasoning import ReasoningSplitter
+from freetoken.server.toolcalls import ParsedCall, ToolCallParser
+
+
+@dataclass
+class GenSpec:
+    prompt_ids: list[int]
+    params: SamplingParams
+    tools: list[dict] | None = None   # parse tool calls against these schemas (None: no parsing)
+    reasoning: bool = False           # split <think> blocks out of the content
+    think_open: bool = False          # the prompt itself opened <think>
+
+
+@dataclass
+class Text:
+    text: str
+
+
+@dataclass
+class Reasoning:
+    text: str
+
+
+@dataclass
+class ToolCall:
+    index: int
+    name: str
+    arguments: str                    # JSON object text
+
+
+@dataclass
+class Ping:
+    pass
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class Done:
+    finish_reason: str                # stop | length | tool_calls | abort
+    usage: Usage
+    stop_sequence: str | None = None
+
+
+class GenerationError(Exception):
+    def __init__(self, message: str, invalid: bool):
+        super().__init__(message)
+        self.invalid = invalid
+
+
+@dataclass
+class Collected:
+    """A whole (non-streamed) answer."""
+
+    text: str = ""
+    reasoning: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    done: Done | None = None
+
+
+def check_prompt(engine, ids: list[int]) -> None:
+    try:
+        engine.check_prompt(ids)
+    except InvalidRequest as e:
+        if not ids:
+            raise APIError(400, str(e)) from None
+        raise APIError(400, str(e), code="context_length_exceeded",
+                       extra={"prompt_tokens": len(ids)}) from None
+
+
+async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: dict) -> GenSpec:
+    """Render the chat template and tokenize, in a worker thread (long prompts take a while)."""
+    engine = state.ready_engine()
+    tokenizer = engine.tokenizer
+    tools = conv.template_tools
+
+    def render() -> tuple[str, list[int]]:
+        text = tokenizer.apply_chat_template(conv.messages, tools=tools, add_generation_prompt=True, **kwargs)
+        return text, tokenizer.encode(text)
+    try:
+        text, ids = await anyio.to_thread.run_sync(render)
+    except ValueError as e:               # ChatTemplateError: the template refused these messages
+        raise APIError(400, str(e)) from None
+    check_prompt(engine, ids)
+    parse_tools = state.parse_tools() and conv.tools is not None and conv.choice != "none"
+    return GenSpec(ids, params, conv.tools if parse_tools else None, state.parse_reasoning(),
+                   opens_think(text))
+
+
+def opens_think(prompt: str) -> bool:
+    """Whether the generation prompt (the prompt's tail) leaves a <think> block open."""
+    tail = prompt[-64:]
+    return tail.rfind(THINK_OPEN) > tail.rfind(THINK_CLOSE)
+
+
+class Generation:
+    """Submit one request and iterate its events; leaving early aborts it and frees its slots."""
+
+    def __init__(self, state, spec: GenSpec, route: str, rid: str):
+        self.state, self.spec, self.route, self.rid = state, spec, route, rid
+        self.t_start = time.perf_counter()
+        self.ttft: float | None = None
+        self.splitter = ReasoningSplitter(spec.think_open) if spec.reasoning else None
+        self.tools = ToolCallParser(spec.tools) if spec.tools is not None else None
+        self.num_calls = 0
+
+    async def events(self):
+        """Text / Reasoning / ToolCall events, Ping after `sse_ping_interval` of silence, then Done."""
+        stream = self.state.ready_engine().submit(self.spec.prompt_ids, self.spec.params, self.rid)
+        interval = self.state.config.sse_ping_interval or None
+        self.state.metrics.active += 1
+        last = None
+        try:
+            while True:
+                out = await stream.next(interval)
+                if out is None:
+                    yield Ping()
+                    continue
+                last = out
+                if out.error is not None:
+                    raise GenerationError(out.error, out.invalid)
+                if out.finish_reason == "abort":        # only shutdown aborts a request we still read
+                    raise GenerationError("the request was aborted: the server is shutting down", False)
+                if self.ttft is None and out.token_ids:
+                    self.ttft = time.perf_counter() - self.t_start
+                for event in self._parse(out.text, final=out.finished):
+                    yield event
+                if out.finished:
+                    yield self._done(out)
+                    return
+        finally:
+            stream.abort()      # no-op once finished; otherwise frees the request's KV slots
+            self.state.metrics.active -= 1
+            self._log(last)
+
+    async def collect(self) -> Collected:
+        result = Collected()
+        async for event in self.events():
+            if isinstance(event, Text):
+                result.text += event.text
+            elif isinstance(event, Reasoning):
+                result.reasoning += event.text
+            elif isinstance(event, ToolCall):
+                result.calls.append(event)
+            elif isinstance(event, Done):
+                result.done = event
+        return result
+
+    def _parse(self, text: str, final: bool):
+        parts = self.splitter.feed(text) if self.splitter else [("content", text)]
+        if final and self.splitter:
+            parts += self.splitter.finish()
+        for kind, piece in parts:
+            if kind == "reasoning":
+                yield Reasoning(piece)
+            else:
+                yield from self._content(self.tools.feed(piece) if self.tools else [piece])
+        if final and self.tools:
+            yield from self._content(self.tools.finish())
+
+    def _content(self, items):
+        for item in items:
+            if isinstance(item, ParsedCall):
+                yield ToolCall(self.num_calls, item.name, item.arguments)
+                self.num_calls += 1
+            elif item:
+                yield Text(item)
+
+    def _done(self, out) -> Done:
+        reason = out.finish_reason
+        if self.num_calls and reason == "stop":
+            reason = "tool_calls"
+        return Done(reason, Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens),
+                    out.stop_sequence)
+
+    def _log(self, out) -> None:
+        seconds = time.perf_counter() - self.t_start
+        finish = "disconnected" if out is None or not out.finished else out.finish_reason
+        if finish == "stop" and self.num_calls:
+            finish = "tool_calls"
+        prompt = len(self.spec.prompt_ids)
+        completion = out.completion_tokens if out else 0
+        cached = out.cached_tokens if out else 0
+        decode_s = seconds - (self.ttft or seconds)
+        rate = (completion - 1) / decode_s if completion > 1 and decode_s > 0 else 0.0
+        self.state.metrics.observe_generation(self.route, finish, prompt, completion, cached, self.ttft, seconds)
+        ttft = f"{self.ttft:.3f}s" if self.ttft is not None else "-"
+        logger.info("%s %s | prompt %d (cached %d) | output %d | ttft %s | %.1f tok/s | %.2fs | %s",
+                    self.rid, self.route, prompt, cached, completion, ttft, rate, seconds, finish)
+
+
+async def cancel_on_disconnect(request, coro):
+    """Await `coro` unless the client goes away first (then cancel it and return None)."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, watch):
+            if not task.done():
+                task.cancel()
+    if work.cancelled() or not work.done():
+        await asyncio.gather(work, return_exceptions=True)
+        return None
+    return work.result()

@@ -1,0 +1,234 @@
+"""OpenAI and Anthropic conversations -> one neutral form the chat template renders.
+
+Neutral messages are dicts with role system|user|assistant|tool, string content, and for the
+assistant optional ``tool_calls`` ([{id, type: function, function: {name, arguments: dict|str}}])
+and ``reasoning_content``; tool results carry ``tool_call_id``. Tools are OpenAI function tools.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from freetoken.server.errors import APIError
+from freetoken.server.protocol import Body
+
+MAX_MESSAGES = 100_000
+MAX_TOOLS = 1024
+OPENAI_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content",
+                         "reasoning", "refusal", "annotations", "audio", "function_call"}
+
+
+@dataclass
+class Conversation:
+    messages: list[dict]
+    tools: list[dict] | None        # every tool the request declares (the parser needs all schemas)
+    choice: str = "auto"            # auto | none | required | a tool name (forced)
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """The tools shown to the model: none for "none", only the forced one for a name."""
+        if not self.tools or self.choice == "none":
+            return None
+        if self.choice in ("auto", "required"):
+            return self.tools
+        return [t for t in self.tools if t["function"]["name"] == self.choice]
+
+
+def _unsupported(param: str, what: str) -> APIError:
+    return APIError(400, f"{param}: {what} is not supported by this server", param=param)
+
+
+def _text_parts(value, param: str, allowed_types=("text",)) -> str:
+    """Content as a string, or a list of text parts joined; other part types are refused."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise APIError(400, f"{param} must be a string or an array of content parts", param=param)
+    texts = []
+    for i, part in enumerate(value):
+        p = Body(part, f"{param}[{i}]")
+        kind = p.str("type")
+        if kind not in allowed_types:
+            raise _unsupported(p.param("type"), f"content of type {kind!r}")
+        texts.append(p.str("text", "") if kind == "text" else "")
+    return "".join(texts)
+
+
+def _arguments(value):
+    """Tool-call arguments for the template: a decoded JSON object where possible."""
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        return decoded if isinstance(decoded, dict) else value
+    return value
+
+
+# --- OpenAI ---------------------------------------------------------------------------------
+
+def openai_conversation(body: Body) -> Conversation:
+    msgs = body.list("messages", nonempty=True, max_items=MAX_MESSAGES)
+    out = [_openai_message(Body(m, f"messages[{i}]")) for i, m in enumerate(msgs)]
+    tools = _openai_tools(body)
+    return Conversation(out, tools, _openai_choice(body, tools))
+
+
+def _openai_message(m: Body) -> dict:
+    m.only(OPENAI_MESSAGE_FIELDS)
+    role = m.str("role", choices=("system", "developer", "user", "assistant", "tool"))
+    m.default_only("function_call", (), "(legacy function calling) is not supported; use tool_calls")
+    m.str("name", None)
+    if role == "assistant":
+        msg = {"role": "assistant", "content": _text_parts(m.data.get("content") or "", m.param("content"),
+                                                            ("text", "refusal"))}
+        reasoning = m.str("reasoning_content", None) or m.str("reasoning", None)
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        calls = m.list("tool_calls", None, max_items=MAX_TOOLS)
+        if calls:
+            msg["tool_calls"] = [_openai_call(Body(c, m.param(f"tool_calls[{i}]"))) for i, c in enumerate(calls)]
+        return msg
+    content = _text_parts(_required(m, "content"), m.param("content"))
+    if role == "tool":
+        return {"role": "tool", "tool_call_id": m.str("tool_call_id", ""), "content": content}
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _required(b: Body, key: str):
+    if b.data.get(key) is None:
+        raise APIError(400, f"{b.param(key)} is required", param=b.param(key))
+    return b.data[key]
+
+
+def _openai_call(c: Body) -> dict:
+    c.str("type", "function", choices=("function",))
+    f = c.obj("function")
+    name = f.str("name", nonempty=True, max_len=256)
+    return {"id": c.str("id", ""), "type": "function",
+            "function": {"name": name, "arguments": _arguments(f.data.get("arguments") or "{}")}}
+
+
+def _openai_tools(body: Body) -> list[dict] | None:
+    tools = body.list("tools", None, max_items=MAX_TOOLS)
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        tb = Body(t, f"tools[{i}]")
+        kind = tb.str("type", "function")
+        if kind != "function":
+            raise _unsupported(tb.param("type"), f"tool type {kind!r}")
+        f = tb.obj("function")
+        out.append({"type": "function", "function": _function(f, f.data.get("parameters"), "parameters")})
+    return out
+
+
+def _function(f: Body, schema, schema_key: str) -> dict:
+    fn = {"name": f.str("name", nonempty=True, max_len=256)}
+    if f.has("description"):
+        fn["description"] = f.str("description")
+    if schema is not None:
+        fn["parameters"] = Body(schema, f.param(schema_key)).data
+    return fn
+
+
+def _openai_choice(body: Body, tools) -> str:
+    v = body.data.get("tool_choice")
+    if v is None:
+        return "auto"
+    if isinstance(v, str):
+        return body.str("tool_choice", choices=("none", "auto", "required"))
+    name = body.obj("tool_choice").obj("function").str("name", nonempty=True)
+    return _forced(name, tools, "tool_choice.function.name")
+
+
+def _forced(name: str, tools, param: str) -> str:
+    if not tools or name not in {t["function"]["name"] for t in tools}:
+        raise APIError(400, f"{param}: no tool named {name!r} was given", param=param)
+    return name
+
+
+# --- Anthropic ------------------------------------------------------------------------------
+
+def anthropic_conversation(body: Body) -> Conversation:
+    out = []
+    if body.has("system"):
+        out.append({"role": "system", "content": _text_parts(body.data["system"], "system")})
+    for i, m in enumerate(body.list("messages", nonempty=True, max_items=MAX_MESSAGES)):
+        mb = Body(m, f"messages[{i}]")
+        mb.only({"role", "content"})
+        role = mb.str("role", choices=("user", "assistant"))
+        content = _required(mb, "content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            raise APIError(400, f"{mb.param('content')} must be a string or an array of blocks",
+                           param=mb.param("content"))
+        blocks = [Body(b, mb.param(f"content[{j}]")) for j, b in enumerate(blocks)]
+        out.extend(_assistant(blocks) if role == "assistant" else _user(blocks))
+    tools = _anthropic_tools(body)
+    return Conversation(out, tools, _anthropic_choice(body, tools))
+
+
+def _user(blocks: list[Body]) -> list[dict]:
+    out: list[dict] = []
+    for b in blocks:
+        kind = b.str("type")
+        if kind == "tool_result":
+            content = b.data.get("content") or ""
+            text = _text_parts(content, b.param("content"))
+            if b.bool("is_error", False):
+                text = "Error: " + text
+            out.append({"role": "tool", "tool_call_id": b.str("tool_use_id"), "content": text})
+        elif kind == "text":
+            if out and out[-1]["role"] == "user":
+                out[-1]["content"] += b.str("text")
+            else:
+                out.append({"role": "user", "content": b.str("text")})
+        else:
+            raise _unsupported(b.param("type"), f"a user content block of type {kind!r}")
+    return out
+
+
+def _assistant(blocks: list[Body]) -> list[dict]:
+    msg: dict = {"role": "assistant", "content": ""}
+    for b in blocks:
+        kind = b.str("type")
+        if kind == "text":
+            msg["content"] += b.str("text")
+        elif kind == "thinking":
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + b.str("thinking", "")
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == "tool_use":
+            call = {"id": b.str("id", ""), "type": "function",
+                    "function": {"name": b.str("name", nonempty=True),
+                                 "arguments": b.obj("input").data if b.has("input") else {}}}
+            msg.setdefault("tool_calls", []).append(call)
+        else:
+            raise _unsupported(b.param("type"), f"an assistant content block of type {kind!r}")
+    return [msg]
+
+
+def _anthropic_tools(body: Body) -> list[dict] | None:
+    tools = body.list("tools", None, max_items=MAX_TOOLS)
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        tb = Body(t, f"tools[{i}]")
+        kind = tb.str("type", "custom")
+        if kind != "custom":
+            raise _unsupported(tb.param("type"), f"tool type {kind!r} (server tools)")
+        out.append({"type": "function", "function": _function(tb, tb.data.get("input_schema"), "input_schema")})
+    return out
+
+
+def _anthropic_choice(body: Body, tools) -> str:
+    if not body.has("tool_choice"):
+        return "auto"
+    c = body.obj("tool_choice")
+    kind = c.str("type", choices=("auto", "any", "tool", "none"))
+    if kind == "tool":
+        return _forced(c.str("name", nonempty=True), tools, "tool_choice.name")
+    return {"auto": "auto", "any": "required", "none": "none"}[kind]

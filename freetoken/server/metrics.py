@@ -1,0 +1,96 @@
+"""Server counters and the Prometheus text exposition of them plus the engine's snapshot."""
+from __future__ import annotations
+
+from collections import Counter
+
+PREFIX = "freetoken_"
+
+
+class Metrics:
+    """Counters updated on the event loop (single-threaded, no locks needed)."""
+
+    def __init__(self):
+        self.http = Counter()            # (route, status) -> responses
+        self.finished = Counter()        # (route, finish_reason) -> generation requests
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0           # prompt tokens served from the prefix cache
+        self.ttft_sum, self.ttft_count = 0.0, 0
+        self.duration_sum, self.duration_count = 0.0, 0
+        self.active = 0                  # generation requests currently open
+
+    def observe_http(self, route: str, status: int) -> None:
+        self.http[(route, status)] += 1
+
+    def observe_generation(self, route: str, finish: str, prompt: int, completion: int, cached: int,
+                           ttft: float | None, seconds: float) -> None:
+        self.finished[(route, finish)] += 1
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.cached_tokens += cached
+        if ttft is not None:
+            self.ttft_sum, self.ttft_count = self.ttft_sum + ttft, self.ttft_count + 1
+        self.duration_sum, self.duration_count = self.duration_sum + seconds, self.duration_count + 1
+
+    def render(self, engine_state: str, engine: dict | None, counters: dict, decode_tok_s: float) -> str:
+        out: list[str] = []
+        metric = _writer(out)
+        metric("http_requests_total", "counter", "HTTP responses by route and status",
+               [({"route": r, "status": str(s)}, n) for (r, s), n in sorted(self.http.items())])
+        metric("requests_total", "counter", "finished generation requests by route and finish reason",
+               [({"route": r, "finish_reason": f}, n) for (r, f), n in sorted(self.finished.items())])
+        metric("requests_active", "gauge", "generation requests open now", [({}, self.active)])
+        metric("prompt_tokens_total", "counter", "prompt tokens of finished requests", [({}, self.prompt_tokens)])
+        metric("generation_tokens_total", "counter", "generated tokens", [({}, self.completion_tokens)])
+        metric("prefix_cache_hit_tokens_total", "counter", "prompt tokens reused from the prefix cache",
+               [({}, self.cached_tokens)])
+        metric("time_to_first_token_seconds", "summary", "request arrival to first token",
+               [({}, self.ttft_sum, "_sum"), ({}, self.ttft_count, "_count")])
+        metric("request_duration_seconds", "summary", "request arrival to last token",
+               [({}, self.duration_sum, "_sum"), ({}, self.duration_count, "_count")])
+        metric("engine_ready", "gauge", "1 once the model is loaded", [({}, int(engine_state == "ready"))])
+        metric("engine_steps_total", "counter", "engine forward steps", [({}, counters["steps"])])
+        metric("engine_step_errors_total", "counter", "engine steps that raised", [({}, counters["step_errors"])])
+        metric("decode_tokens_total", "counter", "tokens sampled in decode steps", [({}, counters["decode_tokens"])])
+        metric("decode_seconds_total", "counter", "time in decode steps",
+               [({}, round(counters["decode_seconds"], 6))])
+        metric("prefill_seconds_total", "counter", "time in steps that prefill prompts",
+               [({}, round(counters["prefill_seconds"], 6))])
+        metric("decode_tokens_per_second", "gauge", "recent decode throughput (all running requests)",
+               [({}, round(decode_tok_s, 3))])
+        if engine is not None:
+            _engine_metrics(metric, engine)
+        return "\n".join(out) + "\n"
+
+
+def _engine_metrics(metric, s: dict) -> None:
+    metric("queue_waiting", "gauge", "requests waiting for admission", [({}, s["waiting"])])
+    metric("requests_running", "gauge", "requests admitted and running", [({}, s["running"])])
+    metric("kv_slots", "gauge", "KV pool capacity in tokens", [({}, s["kv_slots"])])
+    metric("kv_slots_free", "gauge", "free KV slots", [({}, s["kv_free"])])
+    metric("kv_slots_prefix_cached", "gauge", "KV slots held only by the prefix cache",
+           [({}, s["kv_prefix_cached"])])
+    used = s["kv_slots"] - s["kv_free"]
+    metric("kv_occupancy_ratio", "gauge", "used KV slots / capacity",
+           [({}, round(used / s["kv_slots"], 6) if s["kv_slots"] else 0)])
+    total = (s.get("moe") or {}).get("total") or {}
+    for name, value in sorted(total.items()):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            metric(f"moe_{name}_total", "counter", f"MoE expert cache: {name.replace('_', ' ')}", [({}, value)])
+
+
+def _writer(out: list[str]):
+    def metric(name: str, kind: str, help_text: str, samples) -> None:
+        full = PREFIX + name
+        out.append(f"# HELP {full} {help_text}")
+        out.append(f"# TYPE {full} {kind}")
+        for sample in samples:
+            labels, value = sample[0], sample[1]
+            suffix = sample[2] if len(sample) > 2 else ""
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            out.append(f"{full}{suffix}{'{' + text + '}' if text else ''} {value}")
+    return metric
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,173 @@
+"""Request validation: typed, range-checked reads of JSON fields, and sampling parameters.
+
+Every field is checked for type, sign and range before it reaches the engine; JSON null reads as
+absent. Errors are APIError(400) naming the field (``param``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freetoken.engine.request import InvalidRequest, SamplingParams
+from freetoken.server.errors import APIError
+
+MISSING = object()
+INT_MAX = 2**31 - 1
+MAX_STOP = 16               # stop strings per request
+MAX_STOP_CHARS = 1000       # characters per stop string
+
+
+class Body:
+    """One JSON object of a request body, read field by field."""
+
+    def __init__(self, data, path: str = ""):
+        if not isinstance(data, dict):
+            raise APIError(400, f"{path or 'the request body'} must be a JSON object", param=path or None)
+        self.data, self.path = data, path
+
+    def param(self, key) -> str:
+        return f"{self.path}.{key}" if self.path else str(key)
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def _get(self, key, default):
+        value = self.data.get(key)
+        if value is None:
+            if default is MISSING:
+                raise APIError(400, f"{self.param(key)} is required", param=self.param(key))
+            return MISSING
+        return value
+
+    def _bad(self, key, what: str):
+        return APIError(400, f"{self.param(key)} must be {what}", param=self.param(key))
+
+    def str(self, key, default=MISSING, *, choices=None, nonempty=False, max_len=None):
+        v = self._get(key, default)
+        if v is MISSING:
+            return default
+        if not isinstance(v, str):
+            raise self._bad(key, "a string")
+        if choices is not None and v not in choices:
+            raise self._bad(key, "one of " + ", ".join(repr(c) for c in choices))
+        if nonempty and not v:
+            raise self._bad(key, "a non-empty string")
+        if max_len is not None and len(v) > max_len:
+            raise self._bad(key, f"at most {max_len} characters")
+        return v
+
+    def int(self, key, default=MISSING, *, lo=None, hi=INT_MAX):
+        v = self._get(key, default)
+        if v is MISSING:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self._bad(key, "an integer")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise self._bad(key, f"an integer in [{lo}, {hi}]")
+        return v
+
+    def float(self, key, default=MISSING, *, lo=None, hi=None, lo_open=False):
+        v = self._get(key, default)
+        if v is MISSING:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self._bad(key, "a number")
+        if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
+            raise self._bad(key, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
+        return float(v)
+
+    def bool(self, key, default=MISSING):
+        v = self._get(key, default)
+        if v is MISSING:
+            return default
+        if not isinstance(v, bool):
+            raise self._bad(key, "true or false")
+        return v
+
+    def list(self, key, default=MISSING, *, nonempty=False, max_items=None) -> list:
+        v = self._get(key, default)
+        if v is MISSING:
+            return default
+        if not isinstance(v, list):
+            raise self._bad(key, "an array")
+        if nonempty and not v:
+            raise self._bad(key, "a non-empty array")
+        if max_items is not None and len(v) > max_items:
+            raise self._bad(key, f"an array of at most {max_items} items")
+        return v
+
+    def obj(self, key, default=MISSING) -> "Body":
+        v = self._get(key, default)
+        if v is MISSING:
+            return default
+        return Body(v, self.param(key))
+
+    def only(self, allowed) -> None:
+        """Reject fields this server does not know (it cannot honour what it does not understand)."""
+        for key in self.data:
+            if key not in allowed:
+                raise APIError(400, f"unrecognized request argument: {self.param(key)}", param=self.param(key))
+
+    def default_only(self, key, defaults: tuple, why: str = "is not supported") -> None:
+        """Accept a known field only at a value that changes nothing."""
+        v = self.data.get(key)
+        if v is not None and not any(_same(v, d) for d in defaults):
+            raise APIError(400, f"{self.param(key)} {why}", param=self.param(key))
+
+
+def _same(value, default) -> bool:
+    """Equal and of the same kind (JSON true is not the number 1)."""
+    return isinstance(value, bool) == isinstance(default, bool) and value == default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server fills in for fields a request leaves out."""
+
+    max_tokens: int                  # default output budget
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+def stop_strings(body: Body, key: str) -> tuple[str, ...]:
+    """A string or a list of strings (empty strings are dropped: they could never match)."""
+    v = body.data.get(key)
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise body._bad(key, "a string or an array of strings")
+    if len(items) > MAX_STOP:
+        raise body._bad(key, f"at most {MAX_STOP} strings")
+    if any(len(s) > MAX_STOP_CHARS for s in items):
+        raise body._bad(key, f"strings of at most {MAX_STOP_CHARS} characters")
+    return tuple(dict.fromkeys(s for s in items if s))
+
+
+def sampling(body: Body, limits: Limits, *, max_tokens: int | None, stop: tuple[str, ...],
+             temperature_max: float) -> SamplingParams:
+    """The shared sampling fields (temperature, top_p, top_k, min_p, seed, ignore_eos)."""
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else limits.max_tokens,
+            temperature=body.float("temperature", limits.temperature, lo=0.0, hi=temperature_max),
+            top_p=body.float("top_p", limits.top_p, lo=0.0, hi=1.0, lo_open=True),
+            top_k=body.int("top_k", limits.top_k, lo=-1),
+            min_p=body.float("min_p", limits.min_p, lo=0.0, hi=1.0),
+            seed=body.int("seed", None, lo=0, hi=2**63 - 1),
+            stop=stop,
+            ignore_eos=body.bool("ignore_eos", False))
+    except InvalidRequest as e:
+        raise APIError(400, str(e)) from None
+
+
+def template_kwargs(body: Body, key: str = "chat_template_kwargs") -> dict:
+    """Extra chat-template variables (enable_thinking, ...); names the template owns are refused."""
+    if not body.has(key):
+        return {}
+    kwargs = body.obj(key).data
+    for name in kwargs:
+        if name in ("messages", "tools", "add_generation_prompt") or not name.isidentifier():
+            raise APIError(400, f"{body.param(key)}.{name} cannot be set", param=f"{body.param(key)}.{name}")
+    return dict(kwargs)

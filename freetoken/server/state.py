@@ -1,0 +1,121 @@
+"""What every route shares: the engine, the config, served names, defaults; body reading."""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.requests import ClientDisconnect, Request
+
+from freetoken.engine.async_engine import AsyncEngine, EngineNotReady
+from freetoken.server.config import ServerConfig
+from freetoken.server.errors import APIError
+from freetoken.server.metrics import Metrics
+from freetoken.server.protocol import Limits
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    config: ServerConfig
+    model_dir: Path
+    names: tuple[str, ...] = ()                 # served model ids; names[0] is the primary
+    metrics: Metrics = field(default_factory=Metrics)
+    started: float = field(default_factory=time.time)
+    last_rebuild: dict | None = None
+    _defaults: dict | None = None
+
+    def __post_init__(self):
+        if not self.names:
+            given = [n.strip() for n in (self.config.served_model_name or "").split(",") if n.strip()]
+            self.names = tuple(given) or (self.model_dir.name,)
+
+    @property
+    def model(self) -> str:
+        return self.names[0]
+
+    def check_model(self, name: str) -> None:
+        if name not in self.names:
+            raise APIError(404, f"model {name!r} does not exist; this server serves "
+                                f"{', '.join(repr(n) for n in self.names)}", param="model",
+                           code="model_not_found")
+
+    def ready_engine(self) -> AsyncEngine:
+        """The engine, or a 503 while it loads (or after it failed)."""
+        try:
+            self.engine.require_ready()
+        except EngineNotReady as e:
+            raise APIError(503, str(e)) from None
+        return self.engine
+
+    @property
+    def context_length(self) -> int | None:
+        core = self.engine.core
+        return getattr(core, "max_model_len", None) if self.engine.state == "ready" else None
+
+    def limits(self, default_max_tokens: int | None = None) -> Limits:
+        """Sampling defaults: the model's generation_config.json, then the APIs' documented ones."""
+        if self._defaults is None:
+            self._defaults = _generation_defaults(self.model_dir)
+        max_tokens = default_max_tokens or self.config.default_max_tokens or self.context_length or 2048
+        return Limits(max_tokens=max_tokens, **self._defaults)
+
+    def parse_tools(self) -> bool:
+        return self.config.tool_call_parser != "none"
+
+    def parse_reasoning(self) -> bool:
+        mode = self.config.reasoning_parser
+        if mode == "auto":
+            return self.ready_engine().tokenizer.token_to_id("</think>") is not None
+        return mode == "think"
+
+
+def _generation_defaults(model_dir: Path) -> dict:
+    path = model_dir / "generation_config.json"
+    try:
+        gen = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        gen = {}
+    if gen.get("do_sample") is False:
+        return {"temperature": 0.0}
+    out = {}
+    for key, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float)):
+        if isinstance(gen.get(key), (int, float)) and not isinstance(gen.get(key), bool):
+            out[key] = kind(gen[key])
+    return out
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object: 413 over `limit` bytes, 400 when it is not a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is larger than {limit} bytes")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the request body is larger than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(400, "the client disconnected while sending the body") from None
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise APIError(400, "the request body is empty; expected a JSON object")
+    try:
+        data = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as e:     # UnicodeDecodeError is a ValueError
+        raise APIError(400, f"the request body is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return data

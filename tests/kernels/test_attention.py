@@ -1,0 +1,86 @@
+"""attention: cpu vs ref over GQA ratios, head dims, cache dtypes, several sequences with shuffled
+slots, chunked prefill over a cached prefix and decode; ref against a masked float64 formula."""
+import numpy as np
+import pytest
+
+from freetoken.kernels import attention
+from freetoken.kernels._bf16 import from_f32, to_f32
+from tests.helpers import assert_close
+
+
+def kv_pool(rng, N, G, D, dtype):
+    k, v = (rng.standard_normal((2, N, G, D))).astype(np.float32)
+    return (from_f32(k), from_f32(v)) if dtype == np.uint16 else (k, v)
+
+
+def mixed_step(rng, lengths, N):
+    """Sequences of the given cached lengths on shuffled pool slots; the step holds, per
+    sequence, a chunk that ends at its last position: 1 token (decode) up to all (prefill)."""
+    C = max(lengths) + 3
+    perm = rng.permutation(N).astype(np.int32)
+    table = np.full((len(lengths), C), -1, np.int32)
+    seq, pos, start = [], [], 0
+    for s, n in enumerate(lengths):
+        table[s, :n] = perm[start:start + n]
+        start += n
+        chunk = int(rng.integers(1, n + 1))
+        seq += [s] * chunk
+        pos += range(n - chunk, n)
+    order = rng.permutation(len(seq))                      # tokens of sequences interleaved
+    return table, np.array(seq, np.int32)[order], np.array(pos, np.int32)[order]
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("Hq,G,D", [(4, 4, 32), (8, 4, 64), (8, 2, 128), (6, 3, 64)])
+def test_cpu_matches_ref(Hq, G, D, dtype):
+    rng = np.random.default_rng(Hq * G * D)
+    lengths = [1, 7, 33, 20]
+    N = sum(lengths) + 11
+    k_cache, v_cache = kv_pool(rng, N, G, D, dtype)
+    table, seq, pos = mixed_step(rng, lengths, N)
+    q = rng.standard_normal((seq.shape[0], Hq, D)).astype(np.float32)
+    scale = 1.0 / np.sqrt(D)
+    expect = attention.ref(q, k_cache, v_cache, table, seq, pos, scale)
+    got = attention.cpu(q, k_cache, v_cache, table, seq, pos, scale)
+    assert_close(f"attention Hq{Hq} G{G} D{D}", expect, got, atol=2e-5, rtol=1e-4)
+    out = np.full_like(q, np.nan)
+    assert attention.cpu(q, k_cache, v_cache, table, seq, pos, scale, out=out) is out
+    np.testing.assert_array_equal(out, got)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_decode_and_chunk_over_cached_prefix(T):
+    rng = np.random.default_rng(T)
+    N, G, D, Hq = 64, 2, 64, 4
+    k_cache, v_cache = kv_pool(rng, N, G, D, np.uint16)
+    table = rng.permutation(N)[None, :40].astype(np.int32)
+    pos = np.arange(40 - T, 40, dtype=np.int32)            # a prefix of 40 - T is cached
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    args = (q, k_cache, v_cache, table, np.zeros(T, np.int32), pos, 0.125)
+    assert_close(f"attention chunk T{T}", attention.ref(*args), attention.cpu(*args), 2e-5, 1e-4)
+
+
+def test_ref_matches_masked_float64_attention():
+    rng = np.random.default_rng(9)
+    T, Hq, G, D = 6, 4, 2, 32
+    k_cache, v_cache = kv_pool(rng, T, G, D, np.uint16)
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    k = np.repeat(to_f32(k_cache).astype(np.float64), Hq // G, axis=1)   # [T,Hq,D]
+    v = np.repeat(to_f32(v_cache).astype(np.float64), Hq // G, axis=1)
+    s = np.einsum("thd,shd->hts", q.astype(np.float64), k) * 0.2
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    expect = np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), v)
+    table = np.arange(T, dtype=np.int32)[None]
+    got = attention.ref(q, k_cache, v_cache, table, np.zeros(T, np.int32),
+                        np.arange(T, dtype=np.int32), 0.2)
+    assert_close("attention ref vs f64", expect, got, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_slot_raises():
+    k_cache = np.zeros((4, 1, 32), np.float32)
+    table = np.array([[0, 1, 9]], np.int32)
+    q = np.zeros((1, 1, 32), np.float32)
+    with pytest.raises(IndexError):
+        attention.cpu(q, k_cache, k_cache, table, np.zeros(1, np.int32), np.array([2], np.int32),
+                      1.0)

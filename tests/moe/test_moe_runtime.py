@@ -1,0 +1,164 @@
+"""build_moe / MoERuntime: every backend computes the same layer outputs; sizing and policy rules."""
+import threading
+
+import numpy as np
+import pytest
+from moe_helpers import E, H, I, K, L, build, engine, model_config, np_experts, random_banks, random_routing
+
+from freetoken.config import ConfigError
+from freetoken.moe.runtime import build_moe
+
+VARIANTS = {
+    "offload": dict(moe_cache_size=5),
+    "cpu": {},
+    "hybrid-phi0": dict(moe_cache_size=5, moe_fetch_fraction=0.0),
+    "hybrid-phi0.3": dict(moe_cache_size=6, moe_fetch_fraction=0.3),
+    "hybrid-phi1": dict(moe_cache_size=4, moe_fetch_fraction=1.0),
+    "hybrid-cap2": dict(moe_cache_size=7, moe_hybrid_max_fetch=2),
+    "hybrid-phi0.3-minfill": dict(moe_cache_size=5, moe_fetch_fraction=0.3, moe_min_fill=1),
+}
+
+
+def workload(rng, steps=40):
+    """(j, x, ids, weights, prefill) calls: a 5-token prefill, then decode steps of 1-2 tokens."""
+    calls = []
+    for step in range(steps):
+        T = 5 if step == 0 else int(rng.integers(1, 3))
+        for j in range(L):
+            ids, w = random_routing(rng, T, E, K)
+            calls.append((j, rng.standard_normal((T, H), np.float32), ids, w, step == 0))
+    return calls
+
+
+def run(rt, calls):
+    outs = []
+    for j, x, ids, w, prefill in calls:
+        before = ids.copy()
+        outs.append(rt.forward(j, x, ids, w, prefill=prefill))
+        assert np.array_equal(ids, before), "forward must not modify the caller's ids"
+    return outs
+
+
+@pytest.fixture(scope="module")
+def setup():
+    rng = np.random.default_rng(7)
+    banks = random_banks(rng, L, E, H, I)
+    calls = workload(rng)
+    with build("fused", banks) as rt:
+        return banks, calls, run(rt, calls)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_backends_match_fused(setup, name):
+    banks, calls, want = setup
+    with build(name.split("-")[0], banks, **VARIANTS[name]) as rt:
+        got = run(rt, calls)
+        tot = rt.stats()["total"]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert tot["hits"] + tot["misses"] > 0
+    assert tot["fills"] + tot["cpu_execs"] == tot["misses"]
+    if name in ("hybrid-phi0.3", "hybrid-cap2", "hybrid-phi0.3-minfill"):
+        assert tot["fills"] > 0 and tot["cpu_execs"] > 0, "both branches must be exercised"
+
+
+def test_hybrid_with_the_numba_kernel(setup):
+    """The real cpu experts op on the executor thread and on the caller at the same time."""
+    experts = pytest.importorskip("freetoken.kernels.experts")
+    banks, calls, want = setup
+    ec = engine(moe_backend="hybrid", moe_cache_size=6, moe_fetch_fraction=0.3, moe_cpu_threads=1)
+    with build_moe(model_config(), banks, ec, experts.cpu, lambda m: None) as rt:
+        for a, b in zip(run(rt, calls), want):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_phi0_never_fills_and_phi1_never_runs_a_miss_on_cpu(setup):
+    banks, calls, _ = setup
+    with build("hybrid", banks, moe_cache_size=5, moe_fetch_fraction=0.0) as rt:
+        for j, x, ids, w, prefill in calls:
+            rt.forward(j, x, ids, w, prefill)
+            assert rt.stats()["total"]["fills"] == 0
+        assert rt.stats()["total"]["cpu_execs"] > 0
+    with build("hybrid", banks, moe_cache_size=4, moe_fetch_fraction=1.0) as rt:
+        for j, x, ids, w, prefill in calls:
+            rt.forward(j, x, ids, w, prefill)
+            assert rt.stats()["total"]["cpu_execs"] == 0
+        assert rt.stats()["total"]["fills"] > 0
+
+
+def test_offload_fills_every_miss_and_prefill_leaves_residency_alone(setup):
+    banks, calls, _ = setup
+    with build("offload", banks, moe_cache_size=5) as rt:
+        j, x, ids, w, _ = calls[0]
+        rt.forward(j, x, ids, w, prefill=True)
+        assert rt.cache.clock == 0 and rt.stats()["prefill_calls"] == 1
+        run(rt, calls[L:])
+        s = rt.stats()
+        assert s["total"]["fills"] == s["total"]["misses"] and s["total"]["cpu_execs"] == 0
+        assert len(s["layers"]) == L and s["slots"] == 5
+        assert sum(layer["hits"] for layer in s["layers"]) == s["total"]["hits"]
+        rt.reset()
+        assert rt.cache.clock == 0 and rt.stats()["total"]["misses"] == 0
+
+
+def test_cache_sizing_rules():
+    banks = random_banks(np.random.default_rng(0), L, E, H, I)
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        build("hybrid", banks, moe_cache_size=8, moe_cache_rate=0.5)
+    too_small = "3 slots is too small.*route 4 distinct.*max_running_requests 2 x top-2"
+    with pytest.raises(ConfigError, match=too_small):
+        build("offload", banks, moe_cache_size=3)
+    with build("offload", banks, moe_cache_rate=0.25) as rt:
+        assert rt.cache.S == 6                              # ceil(0.25 * 24)
+    with build("offload", banks) as rt:
+        assert rt.cache.S == 6                              # default 25% of L*E
+    with build("offload", banks, moe_cache_size=1000) as rt:
+        assert rt.cache.S == L * E
+
+
+def test_rate_rounding_is_not_fooled_by_floats():
+    cfg = model_config(layers=10, experts=10)
+    banks = random_banks(np.random.default_rng(0), 10, 10, H, I)
+    rt = build_moe(cfg, banks, engine(moe_backend="offload", moe_cache_rate=0.1), np_experts, print)
+    assert rt.cache.S == 10                                 # 0.1 * 100 in floats is 10.000000000000002
+
+
+def test_auto_and_fallback_are_logged():
+    banks = random_banks(np.random.default_rng(0), L, E, H, I)
+    logs = []
+    with build("auto", banks, logs) as rt:
+        assert rt.backend == "cpu"
+    assert any("auto -> cpu" in m and "no GPU" in m for m in logs)
+    logs.clear()
+    with build("hybrid", banks, logs, moe_cache_size=6) as rt:
+        assert rt.policy.kind == "cap" and rt.policy.cap == 1
+    assert any(m.startswith("WARN") and "fixed cap of 1" in m for m in logs)
+
+
+def test_policy_precedence():
+    banks = random_banks(np.random.default_rng(0), L, E, H, I)
+    with build("hybrid", banks, moe_hybrid_max_fetch=3, moe_fetch_fraction=0.5) as rt:
+        assert (rt.policy.kind, rt.policy.cap) == ("cap", 3)
+    with build("hybrid", banks, moe_fetch_fraction=0.5, moe_min_fill=1) as rt:
+        assert (rt.policy.kind, rt.policy.frac_q16, rt.policy.min_fill) == ("fraction", 32768, 1)
+    rt = build_moe(model_config(), banks, engine(moe_backend="hybrid"), np_experts, print, profile_phi=0.25)
+    assert (rt.policy.kind, rt.policy.frac_q16) == ("fraction", 16384)
+    rt.close()
+
+
+def test_bad_banks_are_rejected():
+    banks = random_banks(np.random.default_rng(0), L, E, H, I)
+    with pytest.raises(ConfigError, match="2 expert banks for 3 MoE layers"):
+        build("fused", banks[:2])
+    with pytest.raises(ValueError, match="expected gate_up"):
+        build("fused", [(b[0][:, :4], b[1]) for b in banks])
+
+
+def test_close_joins_executor_threads():
+    banks = random_banks(np.random.default_rng(0), L, E, H, I)
+    before = set(threading.enumerate())
+    for name in ("cpu", "hybrid"):
+        rt = build(name, banks, moe_fetch_fraction=0.3)
+        rt.close()
+        rt.close()
+    assert set(threading.enumerate()) == before

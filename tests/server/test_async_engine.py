@@ -1,0 +1,106 @@
+"""AsyncEngine with the scripted core: failures, aborts, shutdown, idling (engine/async_engine.py)."""
+import asyncio
+import time
+
+import httpx
+import pytest
+from fake_core import FakeCore
+from server_helpers import MODEL, ServerThread, wait_idle
+
+from freetoken.engine.async_engine import AsyncEngine, EngineNotReady
+from freetoken.engine.request import SamplingParams
+
+
+def chat_body(text, **kw):
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **kw}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def drain(stream):
+    outs = []
+    while not (outs and outs[-1].finished):
+        outs.append(await stream.next(10))
+    return outs
+
+
+def test_submit_stream_and_idle(demo_tokenizer):
+    async def main():
+        engine = AsyncEngine(lambda: FakeCore(demo_tokenizer))
+        with pytest.raises(EngineNotReady):
+            engine.submit([1], SamplingParams(), "r0")
+        engine.start()
+        assert await asyncio.to_thread(engine.wait_ready, 10)
+        outs = await drain(engine.submit(demo_tokenizer.encode("SAY:abc"), SamplingParams(), "r1"))
+        assert "".join(o.text for o in outs) == "abc" and outs[-1].finish_reason == "stop"
+        assert outs[-1].completion_tokens == len(outs)
+        steps = engine.counters["steps"]
+        await asyncio.sleep(0.3)                      # idle: the thread sleeps on its queue
+        assert engine.counters["steps"] == steps
+        status = await engine.status()
+        assert status["idle"] and status["kv_leaked"] == 0
+        engine.shutdown()
+        assert engine.state == "stopped"
+    run(main())
+
+
+def test_invalid_request_becomes_an_error_output(demo_tokenizer):
+    async def main():
+        engine = AsyncEngine(lambda: FakeCore(demo_tokenizer, max_model_len=64))
+        engine.start()
+        await asyncio.to_thread(engine.wait_ready, 10)
+        (out,) = await drain(engine.submit(list(range(3, 100)), SamplingParams(), "big"))
+        assert out.finish_reason == "error" and out.invalid and "context length is 64" in out.error
+        engine.shutdown()
+    run(main())
+
+
+def test_abort_of_waiting_and_running_requests_frees_slots(demo_tokenizer):
+    async def main():
+        engine = AsyncEngine(lambda: FakeCore(demo_tokenizer, max_running=1))
+        engine.start()
+        await asyncio.to_thread(engine.wait_ready, 10)
+        ids = demo_tokenizer.encode("REPEAT:500 SLEEP:5")
+        running = engine.submit(ids, SamplingParams(max_tokens=600), "a")
+        waiting = engine.submit(ids, SamplingParams(max_tokens=600), "b")
+        await running.next(10)
+        waiting.abort()
+        running.abort()
+        running.abort()                                   # twice is fine
+        status = await engine.status()
+        assert status["idle"] and status["kv_free"] == status["kv_slots"]
+        engine.shutdown()
+    run(main())
+
+
+def test_failed_step_fails_its_requests_and_keeps_serving(fake_server):
+    r = httpx.post(fake_server.url + "/v1/chat/completions", json=chat_body("FAIL"), timeout=30)
+    assert r.status_code == 500 and "scripted failure" in r.json()["error"]["message"]
+    body = chat_body("FAIL", stream=True)
+    with httpx.stream("POST", fake_server.url + "/v1/chat/completions", json=body, timeout=30) as s:
+        lines = [line for line in s.iter_lines() if line]
+    assert '"error"' in lines[-1] and "scripted failure" in lines[-1]
+    with httpx.stream("POST", fake_server.url + "/v1/messages", json={**body, "max_tokens": 5}, timeout=30) as s:
+        text = s.read().decode()
+    assert "event: error" in text and "api_error" in text
+    r = httpx.post(fake_server.url + "/v1/chat/completions", json=chat_body("SAY:still here"))
+    assert r.json()["choices"][0]["message"]["content"] == "still here"
+    status = wait_idle(fake_server.url)
+    assert status["kv"]["leaked"] == 0
+
+
+def test_shutdown_ends_open_streams(demo_tokenizer):
+    server = ServerThread(lambda: FakeCore(demo_tokenizer), shutdown_timeout=10).start()
+    body = chat_body("REPEAT:5000 SLEEP:5", stream=True)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as s:
+        lines = s.iter_lines()
+        next(lines)
+        t0 = time.monotonic()
+        server.loop.call_soon_threadsafe(server.stop_event.set)
+        rest = [line for line in lines if line]
+    assert time.monotonic() - t0 < 5
+    assert "shutting down" in rest[-1]
+    server.stop()
+    assert server.engine.state == "stopped"
