@@ -192,6 +192,7 @@ class AsyncEngine:
             for cmd in self._take(block=not self.core.has_work()):
                 if isinstance(cmd, _Stop):
                     self._abort_all()
+                    self.core.close()
                     return
                 self._handle(cmd)
             if self.core.has_work():

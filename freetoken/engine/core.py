@@ -4,12 +4,11 @@ Single-threaded and synchronous; the server's engine thread and ``LLM.generate``
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from freetoken.config import EngineConfig, ModelConfig
+from freetoken.config import EngineConfig
 from freetoken.engine.kv_pool import KVPool
 from freetoken.engine.request import Request, SamplingParams, Status
 from freetoken.engine.scheduler import Scheduler
@@ -32,21 +31,16 @@ class Delta:
 class EngineCore:
     def __init__(self, config: EngineConfig):
         from freetoken.backend import get_ops, resolve_backend
-        from freetoken.demo import resolve_model_dir
-        from freetoken.tokenizer import Tokenizer
-        from freetoken.weights import load_weights
+        from freetoken.models.loader import load_model
 
         self.config = config
-        self.model_dir = resolve_model_dir(config.model, logger)
-        self.model_config = cfg = ModelConfig.from_hf(self.model_dir)
-        self.tokenizer = Tokenizer.from_dir(self.model_dir)
         backend, why = resolve_backend(config.backend)
         logger.info("backend %s (%s)", backend, why)
         self.ops = get_ops(backend)
-        t0 = time.perf_counter()
-        self.weights = load_weights(self.model_dir, cfg)
-        logger.info("loaded %s (%d layers, %d experts, top-%d) in %.2f s", self.model_dir.name,
-                    cfg.num_layers, cfg.num_experts, cfg.num_experts_per_tok, time.perf_counter() - t0)
+        loaded = load_model(config.model, logger)
+        self.model_name, self.model_dir = loaded.name, loaded.path
+        self.model_config = cfg = loaded.config
+        self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         self.kv = self._make_kv_pool()
@@ -89,7 +83,7 @@ class EngineCore:
         from freetoken.moe.trace import RecordingMoE, RoutingRecorder
         cfg = self.model_config
         self.recorder = RoutingRecorder(len(cfg.moe_layers), cfg.num_experts, cfg.num_experts_per_tok,
-                                        model=self.model_dir.name)
+                                        model=self.model_name)
         self.model.moe = RecordingMoE(self.moe, self.recorder)
 
     def save_routing(self, path) -> None:

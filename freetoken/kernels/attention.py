@@ -46,7 +46,10 @@ def _attention(qs, k_rows, v_rows, slot_table, tok_seq, tok_pos, scale, out):
         for j in range(slots.shape[0]):
             s[j] = dot(qs[t, h], k_rows[slots[j], g]) * scale
             m = max(m, s[j])
-        acc = np.zeros((L, W), np.float32)                       # [L,D/L]
+        acc = np.empty((L, W), np.float32)                       # [L,D/L]
+        for ll in range(L):     # a loop: np.zeros here would compile as a nested parfor
+            for i in range(W):
+                acc[ll, i] = 0.0
         tot = np.float32(0.0)
         for j in range(slots.shape[0]):
             p = np.exp(s[j] - m)

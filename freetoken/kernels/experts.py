@@ -42,37 +42,44 @@ def ref(x, ids, weights, gate_up, down, out=None):
 def _plan(ids, weights, n_slots):
     """Group (token, expert) pairs by expert, ascending id; a duplicate id in a row is merged
     into its first occurrence (weights summed) so a token appears once per expert group.
-    Returns uniq int32[U], offs int32[U+1], ptok int32[P], pw f32[P]."""
+    Returns uniq int32[U], offs int32[U+1], ptok int32[P], pw f32[P]. Plain loops only: they
+    compile in a fraction of the time numpy calls inside numba take."""
     T, K = ids.shape
     first = np.zeros((T, K), np.bool_)
-    count = np.zeros(n_slots, np.int32)
+    start = np.zeros(n_slots + 1, np.int32)                     # counts, then group starts
     for t in range(T):
         for j in range(K):
             e = ids[t, j]
             if e >= n_slots:
-                raise IndexError("expert id out of range")
-            seen = False
+                raise IndexError("experts: expert id out of range")
+            dup = False
             for jj in range(j):
-                seen = seen or ids[t, jj] == e
-            if e >= 0 and not seen:
+                dup = dup or ids[t, jj] == e
+            if e >= 0 and not dup:
                 first[t, j] = True
-                count[e] += 1
-    uniq = np.nonzero(count)[0].astype(np.int32)
-    offs = np.zeros(uniq.shape[0] + 1, np.int32)
-    offs[1:] = np.cumsum(count[uniq])
-    fill = np.zeros(n_slots, np.int32)
-    fill[uniq] = offs[:-1]
-    ptok = np.empty(offs[-1], np.int32)
-    pw = np.zeros(offs[-1], np.float32)
+                start[e + 1] += 1
+    U = 0
+    for e in range(n_slots):
+        U += start[e + 1] > 0
+        start[e + 1] += start[e]
+    uniq = np.empty(U, np.int32)
+    offs = np.empty(U + 1, np.int32)
+    offs[U] = start[n_slots]
+    U = 0
+    for e in range(n_slots):
+        if start[e + 1] > start[e]:
+            uniq[U], offs[U] = e, start[e]
+            U += 1
+    ptok = np.empty(start[n_slots], np.int32)
+    pw = np.zeros(start[n_slots], np.float32)
     for t in range(T):
         for j in range(K):
             if first[t, j]:
                 e = ids[t, j]
-                ptok[fill[e]] = t
+                ptok[start[e]] = t
                 for jj in range(j, K):
-                    if ids[t, jj] == e:
-                        pw[fill[e]] += weights[t, jj]
-                fill[e] += 1
+                    pw[start[e]] += weights[t, jj] if ids[t, jj] == e else np.float32(0.0)
+                start[e] += 1
     return uniq, offs, ptok, pw
 
 
@@ -83,13 +90,11 @@ def _silu_mul(g, u):
 
 
 @njit(**HOT)
-def _gemv(xs, gate_up, down, uniq, offs, ptok, pw, act, out):
-    """Few-token path, each weight row read once per call. xs f32[T,L,H/L] and gate_up, down in
-    the row-dot layouts of _numba; act f32[P,Ld,I/Ld] is scratch, Ld from down's layout.
-    Work items are (expert, block of ROWS rows) in weight order, so each thread's static share
-    of the items is one long sequential stream (the prefetcher's best case)."""
+def _gate_up(xs, gate_up, uniq, offs, ptok, act):
+    """act[p] = silu(g) * u for every pair p; xs f32[T,L,H/L], act f32[P,Ld,I/Ld] (layouts of
+    _numba). Work items are (expert, block of ROWS rows) in weight order, so each thread's
+    static share of the items is one long sequential stream, the prefetcher's best case."""
     I = gate_up.shape[1] // 2
-    H = out.shape[1]
     Ld = act.shape[1]
     nib = (I + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nib):
@@ -102,19 +107,44 @@ def _gemv(xs, gate_up, down, uniq, offs, ptok, pw, act, out):
             dots(xs, toks, gate_up[uniq[u], I + i], v)
             for j in range(toks.shape[0]):
                 act[offs[u] + j, i % Ld, i // Ld] = _silu_mul(g[j], v[j])
-    pidx = np.arange(ptok.shape[0]).astype(np.int32)
-    y = np.empty((H, ptok.shape[0]), np.float32)                # [H,P] per-pair down outputs
+
+
+@njit(**HOT)
+def _down(act, down, uniq, offs, iota, y):
+    """y[h, p] = down[e_p, h] . act[p]; items as in _gate_up; iota int32[>=P] = 0, 1, 2, ..."""
+    H = y.shape[0]
     nhb = (H + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nhb):
         u, h0 = item // nhb, (item % nhb) * ROWS
-        ps = pidx[offs[u]:offs[u + 1]]
+        pairs = act[offs[u]:offs[u + 1]]
+        rows = iota[:pairs.shape[0]]
         for h in range(h0, min(h0 + ROWS, H)):
-            dots(act, ps, down[uniq[u], h], y[h, offs[u]:])
-    for hb in prange(nhb):                                      # out[t] = sum_p pw[p] * y[:, p]
-        for h in range(hb * ROWS, min(hb * ROWS + ROWS, H)):
-            out[:, h] = 0.0
-            for p in range(ptok.shape[0]):
-                out[ptok[p], h] += pw[p] * y[h, p]
+            dots(pairs, rows, down[uniq[u], h], y[h, offs[u]:])
+
+
+@njit(**SERIAL)
+def _combine(y, ptok, pw, out):
+    """out[t] = sum over pairs p of token t of pw[p] * y[:, p]; serial: P*H adds are noise next
+    to the weight stream."""
+    for t in range(out.shape[0]):
+        for h in range(out.shape[1]):
+            out[t, h] = 0.0
+    for h in range(y.shape[0]):
+        for p in range(ptok.shape[0]):
+            out[ptok[p], h] += pw[p] * y[h, p]
+
+
+def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out):
+    """Few tokens (decode): every weight row is read once per call, by the numba row dots."""
+    gu, dn = weight_rows(gate_up), weight_rows(down)
+    Ld = 2 if dn.dtype == np.uint32 else 1
+    P = ptok.shape[0]
+    act = np.empty((P, Ld, down.shape[2] // Ld), np.float32)     # [P,Ld,I/Ld]
+    y = np.empty((out.shape[1], P), np.float32)                   # [H,P]
+    _gate_up(split_x(x, gu), gu, uniq, offs, ptok, act)
+    _down(act, dn, uniq, offs, np.arange(P, dtype=np.int32), y)
+    _combine(y, ptok, pw, out)
+    return out
 
 
 def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
@@ -149,10 +179,4 @@ def cpu(x, ids, weights, gate_up, down, out=None):
         out = np.empty((T, H), np.float32)
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32),
                  gate_up.shape[0])
-    if T < BLAS_MIN_T:
-        gu, dn = weight_rows(gate_up), weight_rows(down)
-        Ld = 2 if dn.dtype == np.uint32 else 1
-        act = np.empty((plan[2].shape[0], Ld, down.shape[2] // Ld), np.float32)   # [P,Ld,I/Ld]
-        _gemv(split_x(x, gu), gu, dn, *plan, act, out)
-        return out
-    return _blas(x, gate_up, down, *plan, out)
+    return (_gemv if T < BLAS_MIN_T else _blas)(x, gate_up, down, *plan, out)

@@ -20,12 +20,12 @@ def ref(x, w, out=None):
 
 
 @njit(**HOT)
-def _gemv(xs, w, out):
+def _gemv(xs, w, toks, out):
     """out[t, m] = dot(xs[t], w[m]); parallel over blocks of ROWS weight rows, each row read once
-    for all T tokens. xs f32[T,L,K/L], w [M,K/L] in the row-dot layouts of _numba."""
+    for all T tokens. xs f32[T,L,K/L], w [M,K/L] in the row-dot layouts of _numba; toks = 0..T-1.
+    (No numpy calls outside the prange: under parallel=True each becomes a parfor to compile.)"""
     T = xs.shape[0]
     M = w.shape[0]
-    toks = np.arange(T).astype(np.int32)
     for b in prange((M + ROWS - 1) // ROWS):
         r = np.empty(T, np.float32)
         for m in range(b * ROWS, min(b * ROWS + ROWS, M)):
@@ -60,5 +60,5 @@ def cpu(x, w, out=None):
     if T >= BLAS_MIN_T:
         return _blas(x, w, out)
     rows = weight_rows(w)
-    _gemv(split_x(x, rows), rows, out)
+    _gemv(split_x(x, rows), rows, np.arange(T, dtype=np.int32), out)
     return out

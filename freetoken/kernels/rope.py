@@ -40,8 +40,9 @@ def _rope(x, positions, inv_freq, out):
                 x2 = x[t, h, i + half]
                 out[t, h, i] = x1 * c - x2 * s
                 out[t, h, i + half] = x2 * c + x1 * s
-        if 2 * half < D:
-            out[t, :, 2 * half:] = x[t, :, 2 * half:]
+        for h in range(nh):     # partial rotary tail; a loop, not a slice copy (nested parfor)
+            for i in range(2 * half, D):
+                out[t, h, i] = x[t, h, i]
 
 
 def cpu(x, positions, inv_freq, out=None):

@@ -54,6 +54,7 @@ def cpu(logits, k, norm_topk_prob, out=None):
     x = np.ascontiguousarray(logits, np.float32)
     T, E = x.shape
     assert 0 < k <= E, (k, E)
-    ids, w = out if out is not None else (np.empty((T, k), np.int32), np.empty((T, k), np.float32))
-    _route(x, int(k), bool(norm_topk_prob), ids, w)
-    return ids, w
+    if out is None:
+        out = (np.empty((T, k), np.int32), np.empty((T, k), np.float32))
+    _route(x, int(k), bool(norm_topk_prob), out[0], out[1])
+    return out

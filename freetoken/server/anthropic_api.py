@@ -14,10 +14,12 @@ from freetoken.server.messages import anthropic_conversation
 from freetoken.server.protocol import Body, sampling, stop_strings, template_kwargs
 from freetoken.server.state import new_id, read_json
 
-IGNORED_FIELDS = {"metadata", "service_tier", "context_management"}
-COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "chat_template_kwargs",
-                "context_management"}
-MESSAGE_FIELDS = COUNT_FIELDS | IGNORED_FIELDS | {"max_tokens", "stop_sequences", "stream", "temperature",
+# accepted and ignored: hints for Anthropic's own service (caching, placement, effort, accounting)
+IGNORED_FIELDS = {"metadata", "service_tier", "context_management", "cache_control", "container", "diagnostics",
+                  "inference_geo", "output_config", "speed", "user_profile_id", "workspace_id"}
+COUNT_FIELDS = IGNORED_FIELDS | {"model", "messages", "system", "tools", "tool_choice", "thinking",
+                                 "chat_template_kwargs", "output_format"}
+MESSAGE_FIELDS = COUNT_FIELDS | {"max_tokens", "stop_sequences", "stream", "temperature",
                                                   "top_p", "top_k", "min_p", "seed", "ignore_eos"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -27,8 +29,6 @@ async def messages(request: Request) -> Response:
     body = Body(await read_json(request, state.config.max_body_bytes))
     body.only(MESSAGE_FIELDS)
     conv, kwargs = _conversation(body, state)
-    body.obj("metadata", None)
-    body.str("service_tier", None)
     params = sampling(body, state.limits(), max_tokens=body.int("max_tokens", lo=1),
                       stop=stop_strings(body, "stop_sequences"), temperature_max=1.0)
     stream = body.bool("stream", False)
@@ -72,6 +72,7 @@ def usage(u: Usage) -> dict:
 
 def _conversation(body: Body, state):
     state.check_model(body.str("model", nonempty=True))
+    body.default_only("output_format", (), "(structured output) is not supported")
     conv = anthropic_conversation(body)
     kwargs = template_kwargs(body)
     if body.has("thinking"):

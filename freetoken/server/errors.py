@@ -17,10 +17,10 @@ class APIError(Exception):
     """A request the server answers with an error status; ``param`` names the offending field."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 extra: dict | None = None):
+                 extra: dict | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.extra = extra or {}
+        self.extra, self.headers = extra or {}, headers
 
 
 def api_of(path: str) -> str:
@@ -38,4 +38,4 @@ def error_body(err: APIError, api: str) -> dict:
 
 
 def error_response(err: APIError, api: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(err, api), status_code=err.status, headers=headers)
+    return JSONResponse(error_body(err, api), status_code=err.status, headers=headers or err.headers)

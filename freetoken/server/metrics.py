@@ -73,10 +73,20 @@ def _engine_metrics(metric, s: dict) -> None:
     used = s["kv_slots"] - s["kv_free"]
     metric("kv_occupancy_ratio", "gauge", "used KV slots / capacity",
            [({}, round(used / s["kv_slots"], 6) if s["kv_slots"] else 0)])
-    total = (s.get("moe") or {}).get("total") or {}
-    for name, value in sorted(total.items()):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    moe = s.get("moe") or {}
+    if _number(moe.get("slots")):
+        metric("moe_cache_slots", "gauge", "MoE expert cache size in experts", [({}, moe["slots"])])
+    for name, value in sorted((moe.get("total") or {}).items()):
+        if not _number(value):
+            continue
+        if name.endswith("rate"):
+            metric(f"moe_{name}", "gauge", f"MoE expert cache: {name.replace('_', ' ')}", [({}, value)])
+        else:
             metric(f"moe_{name}_total", "counter", f"MoE expert cache: {name.replace('_', ' ')}", [({}, value)])
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _writer(out: list[str]):

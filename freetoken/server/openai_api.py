@@ -20,7 +20,9 @@ COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "temperature
                  "logprobs", "top_logprobs", "logit_bias", "user", "metadata", "store", "service_tier",
                  "safety_identifier", "prompt_cache_key", "ignore_eos"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
-                               "response_format", "reasoning_effort", "chat_template_kwargs", "modalities"}
+                               "response_format", "reasoning_effort", "chat_template_kwargs", "modalities",
+                               "verbosity", "prompt_cache_options", "prompt_cache_retention", "moderation",
+                               "audio", "prediction", "functions", "function_call", "web_search_options"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
 LEGACY_MAX_TOKENS = 16       # /v1/completions' documented default
 
@@ -33,6 +35,8 @@ async def chat_completions(request: Request) -> Response:
     body.default_only("response_format", ({"type": "text"},), "other than {\"type\": \"text\"} is not supported")
     body.default_only("modalities", (["text"],), "other than [\"text\"] is not supported")
     body.bool("parallel_tool_calls", None)
+    for key in ("audio", "prediction", "functions", "function_call", "web_search_options"):
+        body.default_only(key, (), "is not supported")
     conv = openai_conversation(body)
     kwargs = template_kwargs(body)
     effort = body.str("reasoning_effort", None, choices=("none", "minimal", "low", "medium", "high", "xhigh"))

@@ -136,6 +136,9 @@ class FakeCore:
             del self._scripts[req.rid]
         return Delta(req, [token], text, reason is not None)
 
+    def close(self) -> None:
+        self.closed = True
+
     def rebuild_cache(self, moe_cache_size=None, num_kv_tokens=None) -> dict:
         if num_kv_tokens is not None and num_kv_tokens < 16:
             raise ValueError(f"num_kv_tokens {num_kv_tokens} is below the minimum of 16")

@@ -42,7 +42,7 @@ def test_submit_stream_and_idle(demo_tokenizer):
         status = await engine.status()
         assert status["idle"] and status["kv_leaked"] == 0
         engine.shutdown()
-        assert engine.state == "stopped"
+        assert engine.state == "stopped" and engine.core.closed
     run(main())
 
 

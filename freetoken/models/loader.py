@@ -1,0 +1,42 @@
+"""Where a model comes from: a Hugging Face directory, the packaged demo model, or ``synth:NAME``.
+
+Returns everything the engine needs to build the model, so core.py never branches on the source.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from freetoken.config import ModelConfig
+
+SYNTH_PREFIX = "synth:"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    path: Path | None          # None for in-memory synthetic models
+    config: ModelConfig
+    weights: object            # weights.ModelWeights
+    tokenizer: object          # tokenizer.Tokenizer
+
+
+def load_model(model: str | None, log) -> LoadedModel:
+    from freetoken.demo import packaged_demo_dir, resolve_model_dir
+    from freetoken.tokenizer import Tokenizer
+    from freetoken.weights import load_weights
+    t0 = time.perf_counter()
+    if model and model.startswith(SYNTH_PREFIX):
+        from freetoken.models.synth import synth_model
+        cfg, weights = synth_model(model[len(SYNTH_PREFIX):], log)
+        tokenizer = Tokenizer.from_dir(packaged_demo_dir())
+        loaded = LoadedModel(model, None, cfg, weights, tokenizer)
+    else:
+        path = resolve_model_dir(model, log)
+        cfg = ModelConfig.from_hf(path)
+        loaded = LoadedModel(path.name, path, cfg, load_weights(path, cfg), Tokenizer.from_dir(path))
+    cfg = loaded.config
+    log.info("loaded %s (%d layers, %d experts, top-%d) in %.2f s", loaded.name, cfg.num_layers,
+             cfg.num_experts, cfg.num_experts_per_tok, time.perf_counter() - t0)
+    return loaded
