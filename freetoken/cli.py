@@ -33,8 +33,13 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=EngineConfig, skip=())
         meta = dict(f.metadata)
         kind = type(f.default) if f.default is not None else str
         help_text = f"{meta.get('help', '')} (default: {f.default!r}; env {env_name(f.name)})"
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
-                           default=_env_default(f), choices=meta.get("choices"), help=help_text)
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=_env_default(f), help=help_text)
+            continue
+        group.add_argument(flag, dest=f.name, type=kind, default=_env_default(f),
+                           choices=meta.get("choices"), help=help_text)
 
 
 def config_from_args(args: argparse.Namespace, cls=EngineConfig):

@@ -129,6 +129,7 @@ class EngineConfig:
     kv_dtype: str = _flag("auto", "KV cache dtype: auto is float32 for fp32 checkpoints, else bfloat16",
                           ("auto", "bfloat16", "float32"))
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")
+    enable_prefix_cache: bool = _flag(True, "reuse the KV of cached prompt prefixes (radix tree)")
     moe_backend: str = _flag("auto", "how routed experts run", ("auto", "fused", "offload", "cpu", "hybrid"))
     moe_cache_size: int = _flag(0, "expert cache slots (0: from --moe-cache-rate or the memory budget)")
     moe_cache_rate: float = _flag(0.0, "expert cache size as a fraction of all L*E experts")

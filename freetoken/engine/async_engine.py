@@ -123,6 +123,11 @@ class AsyncEngine:
         self.require_ready()
         return self.core.tokenizer
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The context length, once loaded."""
+        return self.core.max_model_len if self.state == "ready" else None
+
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """Raise InvalidRequest (with the token counts) for a prompt that can never run."""
         self.require_ready()
@@ -295,11 +300,12 @@ class AsyncEngine:
         return min(hits)[1] if hits else None
 
     def _status(self, core) -> dict:
-        kv = core.kv
-        status = {"kv_slots": kv.num_slots, "kv_free": kv.num_free, "kv_prefix_cached": 0,
-                  "running": len(core.scheduler.running), "waiting": len(core.scheduler.waiting),
-                  "in_flight": len(self._live)}
-        extra = getattr(core, "cache_status", None)     # the prefix cache and MoE geometry, if any
+        kv, sched = core.kv, core.scheduler
+        prefix = getattr(sched, "cache", None)          # the radix prefix cache, when enabled
+        status = {"kv_slots": kv.num_slots, "kv_free": kv.num_free,
+                  "kv_prefix_cached": prefix.size if prefix is not None else 0,
+                  "running": len(sched.running), "waiting": len(sched.waiting), "in_flight": len(self._live)}
+        extra = getattr(core, "cache_status", None)     # more cache geometry, if the core reports it
         if extra is not None:
             status.update(extra())
         idle = not self._live and not core.has_work()

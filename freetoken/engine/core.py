@@ -10,6 +10,7 @@ import numpy as np
 
 from freetoken.config import EngineConfig
 from freetoken.engine.kv_pool import KVPool
+from freetoken.engine.radix import RadixCache
 from freetoken.engine.request import Request, SamplingParams, Status
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
@@ -47,8 +48,9 @@ class EngineCore:
         self.moe = self._make_moe()
         from freetoken.models.qwen3_moe import Qwen3Moe
         self.model = Qwen3Moe(cfg, self.weights, self.ops, self.moe, self.kv)
+        self.prefix_cache = RadixCache() if config.enable_prefix_cache else None
         self.scheduler = Scheduler(self.kv, config.max_running_requests, config.chunked_prefill_size,
-                                   self.max_model_len)
+                                   self.max_model_len, self.prefix_cache)
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
@@ -117,7 +119,7 @@ class EngineCore:
         schedule = self.scheduler.schedule()
         if not schedule:
             return []
-        reqs, tokens = run_step(self.model, self.ops, schedule, self.kv)
+        reqs, tokens = run_step(self.model, self.ops, schedule, self.scheduler.alloc)
         return [self._append(req, int(tok)) for req, tok in zip(reqs, tokens)]
 
     def _append(self, req: Request, token: int) -> Delta:

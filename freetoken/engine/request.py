@@ -67,6 +67,7 @@ class Request:
     finish_reason: str | None = None
     rng: np.random.Generator | None = None
     text: str = ""               # detokenized output so far (stop strings excluded)
+    lock_node: object = None     # radix node of the reused prefix, locked while running
     metrics: dict = field(default_factory=dict)
 
     @property

@@ -9,12 +9,12 @@ import numpy as np
 from freetoken.models.qwen3_moe import ForwardBatch
 
 
-def build_batch(schedule, kv_pool) -> ForwardBatch:
+def build_batch(schedule, alloc) -> ForwardBatch:
     """Allocate KV slots for the new tokens and lay out the flat index arrays."""
     ids, positions, tok_seq, slots, last = [], [], [], [], []
     for b, (req, n) in enumerate(schedule):
         start = req.num_computed
-        req.slots.extend(kv_pool.alloc(n))
+        req.slots.extend(alloc(n))
         ids.extend(req.all_ids[start:start + n])
         positions.extend(range(start, start + n))
         tok_seq.extend([b] * n)
@@ -41,9 +41,9 @@ def sample(ops, logits, requests) -> np.ndarray:
     return np.asarray(ops.to_host(tokens), dtype=np.int64)
 
 
-def run_step(model, ops, schedule, kv_pool):
+def run_step(model, ops, schedule, alloc):
     """Forward the scheduled tokens; returns (requests that sampled, their new token ids)."""
-    batch = build_batch(schedule, kv_pool)
+    batch = build_batch(schedule, alloc)
     device_batch = ForwardBatch(**{k: (ops.to_device(v) if isinstance(v, np.ndarray) else v)
                                    for k, v in batch.__dict__.items()})
     logits = model.forward(device_batch)                                  # [B, V]

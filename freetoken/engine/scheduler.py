@@ -2,7 +2,9 @@
 
 Pure Python over Request objects; the runner turns a schedule into a forward step.
 Each admitted request reserves its whole budget (prompt + max_tokens) of KV slots, so a running
-request never waits for memory and nothing is preempted.
+request never waits for memory and nothing is preempted. With a prefix cache, a new request reuses
+the KV of the longest cached prefix of its prompt (all but the last token, which is always
+recomputed so there are logits to sample from), and finished requests leave their KV in the tree.
 """
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from freetoken.engine.request import InvalidRequest, Request, Status
 
 
 class Scheduler:
-    def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int):
-        self.kv = kv_pool
+    def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int, prefix_cache=None):
+        self.kv, self.cache = kv_pool, prefix_cache
         self.max_running, self.chunk_size, self.max_model_len = max_running, chunk_size, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -55,17 +57,43 @@ class Scheduler:
             return batch
         return [(req, 1) for req in self.running]
 
+    def available(self) -> int:
+        """KV slots that can be handed out: free ones plus evictable cached ones."""
+        return self.kv.num_free + (self.cache.evictable_size if self.cache else 0)
+
     def _admit(self) -> None:
         reserved = sum(self.budget(r) - len(r.slots) for r in self.running)
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
-            need = self.budget(req)
-            if reserved + need > self.kv.num_free:
+            self._reuse_prefix(req)
+            need = self.budget(req) - len(req.slots)
+            if reserved + need > self.available():
+                self._drop_prefix(req)
                 break
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
             reserved += need
+
+    def _reuse_prefix(self, req: Request) -> None:
+        if self.cache is None:
+            return
+        slots, node = self.cache.match(req.prompt_ids[:-1])
+        self.cache.lock(node)
+        req.lock_node, req.slots = node, list(slots)
+        req.num_computed = req.num_cached = len(slots)
+
+    def _drop_prefix(self, req: Request) -> None:
+        if self.cache is not None and req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+            req.lock_node, req.slots, req.num_computed, req.num_cached = None, [], 0, 0
+
+    def alloc(self, n: int) -> list[int]:
+        """n KV slots, evicting unlocked cached prefixes when the free list runs short."""
+        short = n - self.kv.num_free
+        if short > 0 and self.cache is not None:
+            self.kv.free(self.cache.evict(short))
+        return self.kv.alloc(n)
 
     def finish(self, req: Request, reason: str) -> None:
         """Release everything the request holds; safe to call twice."""
@@ -76,5 +104,13 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.kv.free(req.slots)
+        slots = req.slots
+        if self.cache is not None and req.lock_node is not None:
+            # Keep what was computed for later requests; free the slots the tree already had.
+            done = req.num_computed
+            self.kv.free(self.cache.insert(req.all_ids[:done], slots[:done]) + slots[done:])
+            self.cache.unlock(req.lock_node)
+            req.lock_node = None
+        else:
+            self.kv.free(slots)
         req.slots = []

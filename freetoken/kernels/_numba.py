@@ -42,6 +42,11 @@ def from_bits(u):
     return np.array([u], np.uint32).view(np.float32)[0]
 
 
+def prefetch(a, i):
+    """Hint the CPU to fetch the cache line of 1-d ``a`` at element i (i may pass the end).
+    A no-op in Python."""
+
+
 def narrow(v, like):
     """float32 -> the element type of ``like`` (Python fallback of the compiled overload)."""
     if like.dtype == np.uint16:
@@ -102,6 +107,21 @@ def _register_overloads(numba):
     @overload(from_bits, inline="always")
     def _from_bits(u):
         return lambda u: bits_to_f32(np.uint32(u))
+
+    @intrinsic
+    def prefetch_line(typingctx, a, i):
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+            fn = builder.module.declare_intrinsic("llvm.prefetch", [ptr.type], fnty)
+            # read, keep in all cache levels, data cache; a prefetch never faults
+            builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+        return types.void(a, types.intp), codegen
+
+    overload(prefetch, inline="always")(lambda a, i: lambda a, i: prefetch_line(a, i))
 
     def by_row_type(pairs, plain):
         return lambda w: pairs if w.dtype == types.uint32 else plain

@@ -68,7 +68,7 @@ def _engine_metrics(metric, s: dict) -> None:
     metric("requests_running", "gauge", "requests admitted and running", [({}, s["running"])])
     metric("kv_slots", "gauge", "KV pool capacity in tokens", [({}, s["kv_slots"])])
     metric("kv_slots_free", "gauge", "free KV slots", [({}, s["kv_free"])])
-    metric("kv_slots_prefix_cached", "gauge", "KV slots held only by the prefix cache",
+    metric("kv_slots_prefix_cached", "gauge", "KV slots held by the radix prefix cache",
            [({}, s["kv_prefix_cached"])])
     used = s["kv_slots"] - s["kv_free"]
     metric("kv_occupancy_ratio", "gauge", "used KV slots / capacity",

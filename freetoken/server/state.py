@@ -52,8 +52,7 @@ class ServerState:
 
     @property
     def context_length(self) -> int | None:
-        core = self.engine.core
-        return getattr(core, "max_model_len", None) if self.engine.state == "ready" else None
+        return self.engine.max_model_len
 
     def limits(self, default_max_tokens: int | None = None) -> Limits:
         """Sampling defaults: the model's generation_config.json, then the APIs' documented ones."""

@@ -25,7 +25,30 @@ def test_batch_equals_single(llm):
     batched = llm.generate(prompts, params)
     alone = [llm.generate(p, params)[0] for p in prompts]
     assert [o.token_ids for o in batched] == [o.token_ids for o in alone]
-    assert llm.core.kv.num_free == llm.core.kv.num_slots      # no KV slot leaked
+    assert_no_leak(llm)
+
+
+def assert_no_leak(llm):
+    """Every KV slot is either free or held by the prefix cache, exactly once."""
+    core = llm.core
+    cache = core.prefix_cache
+    cache.check()
+    assert core.kv.num_free + cache.size == core.kv.num_slots
+    assert cache.protected_size == 0
+
+
+def test_prefix_reuse_across_turns():
+    llm = LLM(backend="cpu", moe_backend="fused")       # a fresh, empty prefix cache
+    first = llm.generate(PROMPT, SamplingParams(max_tokens=8))[0]
+    follow = first.prompt_token_ids + first.token_ids + llm.tokenizer.encode("\n\nclass ")
+    req = llm.core.add_request(follow, SamplingParams(max_tokens=4))
+    while req.finish_reason is None:
+        llm.core.step()
+    # Everything the first request computed is reused: its prompt and all but its last token.
+    assert req.num_cached == len(first.prompt_token_ids) + len(first.token_ids) - 1
+    no_cache = LLM(backend="cpu", moe_backend="fused", enable_prefix_cache=False)
+    assert no_cache.generate([follow], SamplingParams(max_tokens=4))[0].token_ids == req.output_ids
+    assert_no_leak(llm)
 
 
 def test_chunked_prefill_matches_one_shot(llm):
