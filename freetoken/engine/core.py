@@ -92,6 +92,15 @@ class EngineCore:
         self.recorder.save(path)
         logger.info("routing trace written to %s", path)
 
+    def cache_status(self) -> dict:
+        from freetoken.engine.rebuild import cache_status
+        return cache_status(self)
+
+    def rebuild_cache(self, moe_cache_size: int | None = None, num_kv_tokens: int | None = None) -> dict:
+        """Resize the expert cache and/or KV pool while idle (engine/rebuild.py)."""
+        from freetoken.engine.rebuild import rebuild_cache
+        return rebuild_cache(self, moe_cache_size, num_kv_tokens)
+
     def close(self) -> None:
         """Join the MoE executor thread; the engine is unusable afterwards."""
         self.moe.close()

@@ -72,7 +72,7 @@ class SlotCache:
         self.usage[resident[resident >= 0]] = self.clock          # part 2: hits
         recency = self.recency[layer]
         misses = sorted((e for e, s in zip(routed, resident.tolist()) if s < 0),
-                        key=lambda e: (-int(recency[e]), e))      # part 3
+                        key=lambda e: policy.miss_key(int(recency[e]), e))   # part 3
         q = policy.count(len(misses))                             # part 4
         fills = self._fill(layer, routed, misses[:q])             # part 5
         recency[routed] = self.clock                              # part 6

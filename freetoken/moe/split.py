@@ -39,6 +39,7 @@ def fetch_count(m: int, frac: int) -> int:
 
 
 KINDS = ("fraction", "cap", "all")
+ORDERS = ("recency", "lowest_id")
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,15 @@ class FetchPolicy:
     kind "cap":      q = min(m, cap)              (--moe-hybrid-max-fetch N).
     kind "all":      q = m                        (classic offload).
     min_fill 1:      q = max(q, 1) whenever m > 0 (the paper's "at least one fill").
+    order:           which q misses form the fill set: "recency" (recency descending, ties by
+                     lower id; DESIGN §5.2 part 3) or "lowest_id" (ascending expert id).
     """
 
     kind: str
     frac_q16: int = 0
     cap: int = 0
     min_fill: int = 0
+    order: str = "recency"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -65,18 +69,24 @@ class FetchPolicy:
             raise ValueError(f"FetchPolicy cap {self.cap} < 0")
         if self.min_fill not in (0, 1):
             raise ValueError(f"FetchPolicy min_fill {self.min_fill}; expected 0 or 1")
+        if self.order not in ORDERS:
+            raise ValueError(f"FetchPolicy order {self.order!r}; expected one of {ORDERS}")
 
     @classmethod
-    def fraction(cls, phi: float, min_fill: int = 0) -> "FetchPolicy":
-        return cls("fraction", frac_q16=frac_q16(phi), min_fill=min_fill)
+    def fraction(cls, phi: float, min_fill: int = 0, order: str = "recency") -> "FetchPolicy":
+        return cls("fraction", frac_q16=frac_q16(phi), min_fill=min_fill, order=order)
 
     @classmethod
-    def fixed_cap(cls, cap: int, min_fill: int = 0) -> "FetchPolicy":
-        return cls("cap", cap=int(cap), min_fill=min_fill)
+    def fixed_cap(cls, cap: int, min_fill: int = 0, order: str = "recency") -> "FetchPolicy":
+        return cls("cap", cap=int(cap), min_fill=min_fill, order=order)
 
     @classmethod
-    def fetch_all(cls) -> "FetchPolicy":
-        return cls("all")
+    def fetch_all(cls, order: str = "recency") -> "FetchPolicy":
+        return cls("all", order=order)
+
+    def miss_key(self, recency: int, expert: int) -> tuple[int, ...]:
+        """Sort key of a miss: the fill set is the first q misses in ascending key order."""
+        return (-recency, expert) if self.order == "recency" else (expert,)
 
     def count(self, m: int) -> int:
         """q for m misses, 0 <= q <= m."""
@@ -93,6 +103,8 @@ class FetchPolicy:
     def describe(self) -> str:
         """One phrase for log lines."""
         fill = ", at least one fill" if self.min_fill else ""
+        if self.order != "recency":
+            fill += f", fill order {self.order}"
         if self.kind == "fraction":
             return f"q* rule at phi={self.frac_q16 / Q16:.4f} (frac_q16={self.frac_q16}){fill}"
         if self.kind == "cap":

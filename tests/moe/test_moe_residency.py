@@ -27,7 +27,7 @@ def checked_step(c: SlotCache, layer, ids, policy):
     routed = list(dict.fromkeys(raw.ravel().tolist()))
     hit_slots = {int(before["slot_for"][layer, e]) for e in routed if before["slot_for"][layer, e] >= 0}
     misses = sorted((e for e in routed if before["slot_for"][layer, e] < 0),
-                    key=lambda e: (-before["recency"][layer, e], e))
+                    key=lambda e: policy.miss_key(int(before["recency"][layer, e]), e))
     q = policy.count(len(misses))
     assert fills.experts.tolist() == misses[:q]
     # victims: the q smallest (usage, slot) among slots no routed expert of this layer owned
@@ -49,10 +49,11 @@ def checked_step(c: SlotCache, layer, ids, policy):
     check_tables(c)
 
 
+orders = st.sampled_from(["recency", "lowest_id"])
 policies = st.one_of(
-    st.builds(FetchPolicy.fraction, st.floats(0.0, 1.2), st.integers(0, 1)),
-    st.builds(FetchPolicy.fixed_cap, st.integers(0, 5), st.integers(0, 1)),
-    st.just(FetchPolicy.fetch_all()))
+    st.builds(FetchPolicy.fraction, st.floats(0.0, 1.2), st.integers(0, 1), orders),
+    st.builds(FetchPolicy.fixed_cap, st.integers(0, 5), st.integers(0, 1), orders),
+    st.builds(FetchPolicy.fetch_all, orders))
 
 
 @settings(max_examples=60, deadline=None)
@@ -93,6 +94,36 @@ def test_miss_order_prefers_recently_routed_then_lower_id():
     c.step(0, np.array([[5, 6]], np.int32), cpu)            # routed, run on the CPU, not cached
     fills = c.step(0, np.array([[1, 6, 2, 5]], np.int32), FetchPolicy.fixed_cap(3))
     assert fills.experts.tolist() == [5, 6, 1]              # recency desc, then id asc
+
+
+def test_lowest_id_order_ignores_recency():
+    c = SlotCache(1, 8, 4)
+    c.step(0, np.array([[5, 6]], np.int32), FetchPolicy.fixed_cap(0, order="lowest_id"))
+    ids = np.array([[1, 6, 2, 5]], np.int32)
+    fills = c.step(0, ids, FetchPolicy.fixed_cap(3, order="lowest_id"))
+    assert fills.experts.tolist() == [1, 2, 5] and fills.slots.tolist() == [0, 1, 2]
+    assert ids.tolist() == [[0, -1, 1, 2]]                  # 6 (recently routed) left to the CPU
+    assert c.counters["cpu_execs"].tolist() == [3]
+
+
+def test_orders_agree_when_every_miss_is_filled():
+    """With q = m the fill set is all misses; only the slot each one gets may differ."""
+    rng = np.random.default_rng(3)
+    a, b = SlotCache(2, 10, 9), SlotCache(2, 10, 9)
+    for n in range(300):
+        ids = np.stack([rng.choice(10, 3, replace=False) for _ in range(2)]).astype(np.int32)
+        fa = a.step(n % 2, ids.copy(), FetchPolicy.fetch_all())
+        fb = b.step(n % 2, ids.copy(), FetchPolicy.fetch_all("lowest_id"))
+        assert sorted(fa.experts.tolist()) == sorted(fb.experts.tolist())
+    assert (a.slot_for >= 0).sum() == (b.slot_for >= 0).sum()
+    assert all((a.counters[k] == b.counters[k]).all() for k in ("hits", "misses", "fills"))
+
+
+def test_order_validation():
+    with pytest.raises(ValueError, match="order"):
+        FetchPolicy("all", order="fifo")
+    assert "lowest_id" in FetchPolicy.fraction(0.5, order="lowest_id").describe()
+    assert "order" not in FetchPolicy.fraction(0.5).describe()
 
 
 def test_fill_order_and_rewrite_with_duplicates():

@@ -46,4 +46,4 @@ def test_server_alive_and_nothing_leaked(http, server):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "SAY:ok"}]})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     status = wait_idle(server.url)
-    assert status["idle"] and status["kv"]["leaked"] == 0 and status["kv"]["free"] == status["kv"]["slots"]
+    assert status["idle"] and status["kv"]["leaked"] == 0 and status["kv"]["free"] + status["kv"]["prefix_cached"] == status["kv"]["slots"]

@@ -165,7 +165,7 @@ def test_stream_disconnect_aborts_and_frees(fake_server):
             next(lines)
         assert cache_status(fake_server.url)["requests"]["in_flight"] == 1
     status = wait_idle(fake_server.url, timeout=5)
-    assert status["idle"] and status["kv"]["leaked"] == 0 and status["kv"]["free"] == status["kv"]["slots"]
+    assert status["idle"] and status["kv"]["leaked"] == 0 and status["kv"]["free"] + status["kv"]["prefix_cached"] == status["kv"]["slots"]
     assert 'finish_reason="disconnected"' in httpx.get(fake_server.url + "/metrics").text
 
 

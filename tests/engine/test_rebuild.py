@@ -1,0 +1,43 @@
+"""Elastic cache rebuild on the CPU path: resize, validation, rollback, busy rejection."""
+import pytest
+
+from freetoken import LLM, SamplingParams
+from freetoken.engine.rebuild import EngineBusy, RebuildRejected
+
+PROMPT = "def parse(self, text):\n    "
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(backend="cpu", moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.5)
+
+
+def test_resize_keeps_output_and_resets_counters(llm):
+    params = SamplingParams(max_tokens=12)
+    before = llm.generate(PROMPT, params)[0].token_ids
+    status = llm.core.rebuild_cache(moe_cache_size=20, num_kv_tokens=1000)
+    assert status["moe"]["slots"] == 20 and status["kv"]["num_tokens"] == 1000
+    assert llm.stats()["moe"]["total"]["hits"] == 0                 # cold cache, zeroed counters
+    assert status["kv"]["prefix_cached_tokens"] == 0                # new KV pool: tree dropped
+    assert llm.generate(PROMPT, params)[0].token_ids == before
+
+
+def test_invalid_geometry_changes_nothing(llm):
+    status = llm.core.cache_status()
+    for bad in [dict(moe_cache_size=3), dict(moe_cache_size=0), dict(num_kv_tokens=1), {}]:
+        with pytest.raises(RebuildRejected):
+            llm.core.rebuild_cache(**bad)
+    assert llm.core.cache_status() == status
+
+
+def test_rejected_while_busy(llm):
+    req = llm.core.add_request(llm.tokenizer.encode(PROMPT), SamplingParams(max_tokens=4))
+    with pytest.raises(EngineBusy):
+        llm.core.rebuild_cache(num_kv_tokens=500)
+    llm.core.abort(req)
+    assert not llm.core.has_work()
+
+
+def test_fused_backend_has_no_expert_cache():
+    with pytest.raises(RebuildRejected, match="no expert cache"):
+        LLM(backend="cpu", moe_backend="fused").core.rebuild_cache(moe_cache_size=32)
