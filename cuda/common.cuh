@@ -13,6 +13,10 @@ typedef unsigned int u32;
 #define WARP 32
 #define MAX_WARPS 32  // a block has at most 1024 threads
 
+// NVRTC has no <cmath>, so no INFINITY macro
+__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+__device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000u); }
+
 __device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
 __device__ __forceinline__ u16 f32_to_bf16(float f) {

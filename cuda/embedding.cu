@@ -14,7 +14,7 @@ __device__ __forceinline__ void embedding_impl(const int* ids, const W* table, f
     const int id = ids[t];
     float* dst = out + (long long)t * H;
     if (id < 0 || id >= V) {
-        for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = __uint_as_float(0x7fc00000u);
+        for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = quiet_nan();
         return;
     }
     const W* src = table + (long long)id * H;

@@ -21,7 +21,7 @@ extern "C" __global__ void router_f32(const float* logits, int* ids, float* weig
     if (t >= T) return;
     const float* x = logits + (long long)t * E;
 
-    float m = -INFINITY;
+    float m = neg_inf();
     for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, x[e]);
     m = block_max(m, scratch);
     float s = 0.0f;

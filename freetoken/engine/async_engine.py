@@ -288,16 +288,7 @@ class AsyncEngine:
 
     def _stop_sequence(self, req: Request, reason: str) -> str | None:
         """Which stop string ended the request (None for end-of-sequence tokens)."""
-        if reason != "stop" or not req.params.stop:
-            return None
-        if hasattr(req, "stopped_by"):
-            return req.stopped_by
-        last = req.output_ids[-1] if req.output_ids else None
-        if last in req.params.stop_token_ids or last in self.core.eos_ids:
-            return None
-        rest = self.core.tokenizer.decode(req.output_ids)[len(req.text):]
-        hits = [(rest.find(s), s) for s in req.params.stop if s in rest]
-        return min(hits)[1] if hits else None
+        return req.stopped_by if reason == "stop" else None
 
     def _status(self, core) -> dict:
         kv, sched = core.kv, core.scheduler
@@ -305,9 +296,8 @@ class AsyncEngine:
         status = {"kv_slots": kv.num_slots, "kv_free": kv.num_free,
                   "kv_prefix_cached": prefix.size if prefix is not None else 0,
                   "running": len(sched.running), "waiting": len(sched.waiting), "in_flight": len(self._live)}
-        extra = getattr(core, "cache_status", None)     # more cache geometry, if the core reports it
-        if extra is not None:
-            status.update(extra())
+        geometry = getattr(core, "cache_status", None)   # the core's own account of its caches
+        status["geometry"] = geometry() if geometry is not None else {}
         idle = not self._live and not core.has_work()
         status["idle"] = idle
         status["kv_leaked"] = (status["kv_slots"] - status["kv_free"] - status["kv_prefix_cached"]

@@ -4,6 +4,7 @@ Single-threaded and synchronous; the server's engine thread and ``LLM.generate``
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,19 @@ class EngineCore:
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
+        self.warmup()
+
+    def warmup(self) -> None:
+        """Run one tiny request through prefill and decode so kernels are compiled (numba JIT on
+        first use) before the first real request; then forget it (counters, prefix cache)."""
+        t0 = time.perf_counter()
+        req = self.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+        while req.finish_reason is None:
+            self.step()
+        self.moe.reset()
+        if self.prefix_cache is not None:
+            self.kv.free(self.prefix_cache.evict(self.prefix_cache.size))
+        logger.info("warm-up forward done in %.2f s", time.perf_counter() - t0)
 
     def _kv_dtype(self):
         kind = self.config.kv_dtype
@@ -124,12 +138,16 @@ class EngineCore:
         return self.scheduler.has_work()
 
     def step(self) -> list[Delta]:
-        from freetoken.engine.runner import run_step
         schedule = self.scheduler.schedule()
         if not schedule:
             return []
-        reqs, tokens = run_step(self.model, self.ops, schedule, self.scheduler.alloc)
+        reqs, tokens = self._forward(schedule)
         return [self._append(req, int(tok)) for req, tok in zip(reqs, tokens)]
+
+    def _forward(self, schedule):
+        """Model forward + sampling: (requests that sampled, their token ids)."""
+        from freetoken.engine.runner import run_step
+        return run_step(self.model, self.ops, schedule, self.scheduler.alloc)
 
     def _append(self, req: Request, token: int) -> Delta:
         req.output_ids.append(token)
@@ -143,7 +161,7 @@ class EngineCore:
             reason = "length"
         if reason:
             text += stream.finish()
-        req.text = stream.text
+        req.text, req.stopped_by = stream.text, stream.stopped_by
         if reason:
             self.scheduler.finish(req, reason)
             del self._streams[req.rid]

@@ -65,6 +65,7 @@ class Request:
     num_cached: int = 0          # prompt tokens reused from the prefix cache
     status: Status = Status.WAITING
     finish_reason: str | None = None
+    stopped_by: str | None = None   # the stop string that ended generation, if one did
     rng: np.random.Generator | None = None
     text: str = ""               # detokenized output so far (stop strings excluded)
     lock_node: object = None     # radix node of the reused prefix, locked while running

@@ -17,8 +17,9 @@ from freetoken.env import flag
 
 # What a declared argument type in an ``ARGS`` table means: array dtype for pointers, the exact
 # numpy scalar type for values (a Python int would be passed as int64 and misread as int32).
-POINTER_DTYPES = {"f32*": np.float32, "u16*": np.uint16, "i32*": np.int32}
-SCALAR_TYPES = {"i32": np.int32, "f32": np.float32}
+POINTER_DTYPES = {"f32*": np.float32, "u16*": np.uint16, "i32*": np.int32, "u32*": np.uint32,
+                  "i64*": np.int64, "u8*": np.uint8}
+SCALAR_TYPES = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "f32": np.float32}
 
 
 # --- sources ---------------------------------------------------------------------------------
@@ -65,7 +66,10 @@ def kernel(name: str, entry: str):
 def launch(kern, grid, block, args, shared_mem=0) -> None:
     """Launch on the current stream. With FREETOKEN_SYNC_LAUNCH set, wait for the kernel and
     re-raise its error naming it (asynchronous errors otherwise surface at a later call);
-    skipped while a CUDA graph is being captured, where synchronising is illegal."""
+    skipped while a CUDA graph is being captured, where synchronising is illegal. An empty
+    grid (no rows) launches nothing: CUDA rejects a zero grid dimension."""
+    if 0 in tuple(grid):
+        return
     entry = getattr(kern, "name", repr(kern))
     try:
         kern(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem))
@@ -136,6 +140,12 @@ def nvrtc():
         if os.sep in cand and not os.path.exists(cand):
             continue
         try:
+            # libnvrtc dlopens its builtins by soname at compile time, and a wheel's lib folder
+            # is not on the loader path: load the sibling builtins first so the soname resolves
+            folder = Path(cand).parent if os.sep in cand else None
+            for builtins in sorted(folder.glob("libnvrtc-builtins.so.*") if folder else ()):
+                if ".alt." not in builtins.name:
+                    ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
             return ctypes.CDLL(cand)
         except OSError:
             continue

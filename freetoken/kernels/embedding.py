@@ -24,3 +24,23 @@ def cpu(ids, table, out=None):
     else:
         out[...] = table[ids]
     return out
+
+
+# --- gpu: cuda/embedding.cu ---
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "embedding_bf16": ("ids:i32*", "table:u16*", "out:f32*", "T:i32", "H:i32", "V:i32"),
+    "embedding_f32": ("ids:i32*", "table:f32*", "out:f32*", "T:i32", "H:i32", "V:i32"),
+}
+
+
+def gpu(ids, table, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,H] is required (CUDA graphs need
+    fixed addresses). An id outside [0, V) yields a NaN row: a kernel cannot raise."""
+    from freetoken.kernels import _cuda
+    (T,), (V, H) = ids.shape, table.shape
+    assert out.shape == (T, H), (out.shape, (T, H))
+    entry = f"embedding_{_cuda.dtype_tag(table)}"
+    args = _cuda.bind(ARGS[entry], ids=ids, table=table, out=out, T=T, H=H, V=V)
+    _cuda.launch(_cuda.kernel("embedding", entry), (T,), (_cuda.threads(H // 4, 256),), args)
+    return out

@@ -35,3 +35,28 @@ def cpu(k, v, k_cache, v_cache, slots):
     if slots.size and not (0 <= slots.min() and slots.max() < N):
         raise IndexError(f"kv_write: slot out of range [0, {N})")
     _write(k, v, k_cache, v_cache, slots)
+
+
+# --- gpu: cuda/kv_write.cu ---
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "kv_write_bf16": ("k:f32*", "v:f32*", "k_cache:u16*", "v_cache:u16*", "slots:i32*",
+                      "T:i32", "GD:i32", "N:i32"),
+    "kv_write_f32": ("k:f32*", "v:f32*", "k_cache:f32*", "v_cache:f32*", "slots:i32*",
+                     "T:i32", "GD:i32", "N:i32"),
+}
+
+
+def gpu(k, v, k_cache, v_cache, slots):
+    """Same contract as ``ref`` on CuPy arrays (the caches are the outputs). Slots are not
+    bounds-checked on the host (that would synchronise); the kernel skips a slot outside [0, N)."""
+    from freetoken.kernels import _cuda
+    T, G, D = k.shape
+    N = k_cache.shape[0]
+    assert v.shape == k.shape and slots.shape == (T,), (k.shape, v.shape, slots.shape)
+    assert k_cache.shape == v_cache.shape == (N, G, D), (k_cache.shape, v_cache.shape)
+    assert k_cache.dtype == v_cache.dtype, (k_cache.dtype, v_cache.dtype)
+    entry = f"kv_write_{_cuda.dtype_tag(k_cache)}"
+    args = _cuda.bind(ARGS[entry], k=k, v=v, k_cache=k_cache, v_cache=v_cache, slots=slots,
+                      T=T, GD=G * D, N=N)
+    _cuda.launch(_cuda.kernel("kv_write", entry), (T,), (_cuda.threads(G * D, 256),), args)

@@ -38,3 +38,22 @@ def cpu(x, w, eps, out=None):
         out = np.empty_like(x)
     _rms_norm(x, np.ascontiguousarray(w), np.float32(eps), out)
     return out
+
+
+# --- gpu: cuda/rms_norm.cu ---
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "rms_norm_bf16": ("x:f32*", "w:u16*", "y:f32*", "R:i32", "H:i32", "eps:f32"),
+    "rms_norm_f32": ("x:f32*", "w:f32*", "y:f32*", "R:i32", "H:i32", "eps:f32"),
+}
+
+
+def gpu(x, w, eps, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` f32[R,H] is required and may be ``x``."""
+    from freetoken.kernels import _cuda
+    R, H = x.shape
+    assert w.shape == (H,) and out.shape == (R, H), (x.shape, w.shape, out.shape)
+    entry = f"rms_norm_{_cuda.dtype_tag(w)}"
+    args = _cuda.bind(ARGS[entry], x=x, w=w, y=out, R=R, H=H, eps=eps)
+    _cuda.launch(_cuda.kernel("rms_norm", entry), (R,), (_cuda.threads(H, 512),), args)
+    return out

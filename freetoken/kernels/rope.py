@@ -54,3 +54,24 @@ def cpu(x, positions, inv_freq, out=None):
     _rope(x, np.ascontiguousarray(positions, np.int32),
           np.ascontiguousarray(inv_freq, np.float32), out)
     return out
+
+
+# --- gpu: cuda/rope.cu ---
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "rope_f32": ("x:f32*", "positions:i32*", "inv_freq:f32*", "out:f32*", "T:i32", "nh:i32",
+                 "D:i32", "half:i32"),
+}
+
+
+def gpu(x, positions, inv_freq, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,nh,D] is required and may be ``x``."""
+    from freetoken.kernels import _cuda
+    T, nh, D = x.shape
+    (half,) = inv_freq.shape
+    assert 2 * half <= D and positions.shape == (T,) and out.shape == x.shape, \
+        (x.shape, positions.shape, inv_freq.shape, out.shape)
+    args = _cuda.bind(ARGS["rope_f32"], x=x, positions=positions, inv_freq=inv_freq, out=out,
+                      T=T, nh=nh, D=D, half=half)
+    _cuda.launch(_cuda.kernel("rope", "rope_f32"), (T,), (_cuda.threads(half, 256),), args)
+    return out

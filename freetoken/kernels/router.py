@@ -58,3 +58,28 @@ def cpu(logits, k, norm_topk_prob, out=None):
         out = (np.empty((T, k), np.int32), np.empty((T, k), np.float32))
     _route(x, int(k), bool(norm_topk_prob), out[0], out[1])
     return out
+
+
+# --- gpu: cuda/router.cu ---
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "router_f32": ("logits:f32*", "ids:i32*", "weights:f32*", "T:i32", "E:i32", "k:i32",
+                   "norm:i32"),
+}
+MAX_K = 32        # router.cu keeps the chosen experts in fixed shared arrays
+MAX_E = 12288     # the row's probabilities live in 48 KiB of shared memory
+
+
+def gpu(logits, k, norm_topk_prob, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` (ids int32[T,k], weights f32[T,k]) is
+    required."""
+    from freetoken.kernels import _cuda
+    T, E = logits.shape
+    ids, weights = out
+    assert 0 < k <= min(E, MAX_K) and E <= MAX_E, (k, E)
+    assert ids.shape == weights.shape == (T, k), (ids.shape, weights.shape, (T, k))
+    args = _cuda.bind(ARGS["router_f32"], logits=logits, ids=ids, weights=weights, T=T, E=E, k=k,
+                      norm=int(bool(norm_topk_prob)))
+    _cuda.launch(_cuda.kernel("router", "router_f32"), (T,), (_cuda.threads(E, 256),), args,
+                 shared_mem=4 * E)
+    return out

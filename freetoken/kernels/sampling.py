@@ -101,3 +101,26 @@ def cpu(logits, temperature, top_k, top_p, min_p, uniforms, out=None):
     for b in range(B):
         out[b] = _cpu_row(logits[b], temperature[b], top_k[b], top_p[b], min_p[b], uniforms[b])
     return out
+
+
+# --- gpu: cuda/sampling.cu ---
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "sampling_f32": ("logits:f32*", "temperature:f32*", "top_k:i32*", "top_p:f32*", "min_p:f32*",
+                     "uniforms:f32*", "out:i32*", "B:i32", "V:i32"),
+}
+
+
+def gpu(logits, temperature, top_k, top_p, min_p, uniforms, out):
+    """Same contract as ``ref`` on CuPy arrays (parameters are device arrays [B], so one
+    captured graph serves every mix of requests); ``out`` int32[B] is required. Sort-free: see
+    the header of cuda/sampling.cu."""
+    from freetoken.kernels import _cuda
+    B, V = logits.shape
+    for name, a in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                    ("min_p", min_p), ("uniforms", uniforms), ("out", out)):
+        assert a.shape == (B,), (name, a.shape, B)
+    args = _cuda.bind(ARGS["sampling_f32"], logits=logits, temperature=temperature, top_k=top_k,
+                      top_p=top_p, min_p=min_p, uniforms=uniforms, out=out, B=B, V=V)
+    _cuda.launch(_cuda.kernel("sampling", "sampling_f32"), (B,), (_cuda.threads(V),), args)
+    return out

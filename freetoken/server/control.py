@@ -86,8 +86,6 @@ def _status_body(state, s: dict) -> dict:
     moe.pop("layers", None)
     kv = {"slots": s["kv_slots"], "free": s["kv_free"], "used": s["kv_slots"] - s["kv_free"],
           "prefix_cached": s["kv_prefix_cached"], "leaked": s["kv_leaked"]}
-    extra = {k: v for k, v in s.items() if k not in {"kv_slots", "kv_free", "kv_prefix_cached", "kv_leaked",
-                                                     "moe", "running", "waiting", "in_flight", "idle"}}
     return {"state": state.engine.state, "idle": s["idle"], "kv": kv,
             "requests": {"running": s["running"], "waiting": s["waiting"], "in_flight": s["in_flight"]},
-            "moe": moe, "geometry": extra, "last_rebuild": state.last_rebuild}
+            "moe": moe, "geometry": s["geometry"], "last_rebuild": state.last_rebuild}

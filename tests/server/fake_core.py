@@ -18,28 +18,13 @@ import time
 
 import numpy as np
 
-from freetoken.engine.core import Delta
+from freetoken.engine.core import EngineCore
 from freetoken.engine.kv_pool import KVPool
 from freetoken.engine.request import Request, SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
-
-
-class _Detok:
-    """The engine's TextStream pushes tokens; the tokenizer's detokenizer adds them."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def push(self, token_id):
-        return self.inner.add(token_id)
-
-    add = push
-
-    def flush(self):
-        return self.inner.flush()
 
 
 class FakeMoE:
@@ -50,7 +35,9 @@ class FakeMoE:
         return {"total": dict(self.counters), "layers": [dict(self.counters)]}
 
 
-class FakeCore:
+class FakeCore(EngineCore):
+    """EngineCore with its request handling, scheduler and KV pool, but a scripted forward."""
+
     def __init__(self, tokenizer, max_model_len=2048, kv_tokens=4 * 2048, max_running=4, chunk=8192,
                  load_seconds=0.0):
         time.sleep(load_seconds)
@@ -58,20 +45,18 @@ class FakeCore:
         self.max_model_len = max_model_len
         self.max_running, self.chunk = max_running, chunk
         self.kv = KVPool(1, kv_tokens, 1, 1, np.float32)
+        self.prefix_cache = None
         self.scheduler = Scheduler(self.kv, max_running, chunk, max_model_len)
         self.moe = FakeMoE()
         self.eos_ids = frozenset(tokenizer.stop_token_ids)
         self.eos = min(self.eos_ids)
         self._streams: dict[str, TextStream] = {}
+        self._seeds = np.random.default_rng(0)
         self._scripts: dict[str, tuple[list[int], float, bool]] = {}
         self.rebuilds = 0
 
     def add_request(self, prompt_ids, params: SamplingParams, rid=None) -> Request:
-        req = Request(prompt_ids=list(prompt_ids), params=params)
-        if rid is not None:
-            req.rid = rid
-        self.scheduler.add(req)
-        self._streams[req.rid] = TextStream(_Detok(self.tokenizer.detokenizer()), params.stop)
+        req = super().add_request(prompt_ids, params, rid)
         self._scripts[req.rid] = self._script(prompt_ids)
         return req
 
@@ -91,50 +76,25 @@ class FakeCore:
             reply = "You said: " + said[:40]
         return self.tokenizer.encode(reply) + [self.eos], sleep, "FAIL" in said
 
-    def abort(self, req: Request) -> None:
-        self.scheduler.finish(req, "abort")
-        self._streams.pop(req.rid, None)
-
-    def has_work(self) -> bool:
-        return self.scheduler.has_work()
-
-    def step(self) -> list[Delta]:
-        schedule = self.scheduler.schedule()
-        if not schedule:
-            return []
+    def _forward(self, schedule):
+        """The scripted "model": the next token of each request's script."""
         scripts = [self._scripts[req.rid] for req, _ in schedule]
         time.sleep(max(s[1] for s in scripts))
         if any(s[2] for s in scripts):
             raise RuntimeError("scripted failure")
-        deltas = []
+        reqs, tokens = [], []
         for req, n in schedule:
-            req.slots.extend(self.kv.alloc(n))
+            req.slots.extend(self.scheduler.alloc(n))
             req.num_computed += n
             if req.num_computed == req.num_tokens:
                 script = self._scripts[req.rid][0]
                 k = len(req.output_ids)
-                deltas.append(self._append(req, script[k] if k < len(script) else self.eos))
-        return deltas
+                reqs.append(req)
+                tokens.append(script[k] if k < len(script) else self.eos)
+        return reqs, tokens
 
-    def _append(self, req: Request, token: int) -> Delta:
-        """As EngineCore._append."""
-        req.output_ids.append(token)
-        stream = self._streams[req.rid]
-        stop_id = token in req.params.stop_token_ids or (token in self.eos_ids and not req.params.ignore_eos)
-        text = "" if stop_id else stream.push(token)
-        reason = None
-        if stop_id or stream.stopped_by is not None:
-            reason = "stop"
-        elif len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.scheduler.budget(req):
-            reason = "length"
-        if reason:
-            text += stream.finish()
-        req.text = stream.text
-        if reason:
-            self.scheduler.finish(req, reason)
-            del self._streams[req.rid]
-            del self._scripts[req.rid]
-        return Delta(req, [token], text, reason is not None)
+    def cache_status(self) -> dict:
+        return {"kv": {"num_tokens": self.kv.num_slots, "free": self.kv.num_free}}
 
     def close(self) -> None:
         self.closed = True

@@ -141,3 +141,16 @@ def test_cache_rebuild_idle_and_under_traffic(server, oa):
     assert set(codes) <= {200, 409} and len(answers) == 4 and len(set(answers)) == 1
     status = wait_idle(server.url)
     assert status["kv"]["leaked"] == 0
+
+
+def test_cached_tokens_reported(server, oa, an):
+    """A repeated prompt reuses its prefix (all but the last token are recomputed at least)."""
+    messages = [{"role": "user", "content": "Write Python code for a queue."}]
+    first = oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    again = oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    assert 0 < again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
+    assert again.choices[0].message.content == first.choices[0].message.content
+    m = an.messages.create(model=MODEL, max_tokens=4, messages=messages, extra_body={"temperature": 0})
+    assert m.usage.cache_read_input_tokens > 0
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == again.usage.prompt_tokens
+    assert "freetoken_prefix_cache_hit_tokens_total 0\n" not in httpx.get(server.url + "/metrics").text

@@ -1,0 +1,284 @@
+"""End-to-end CPU decode speed against this machine's memory read bandwidth; pairs:
+docs/performance.md ("CPU decode"), freetoken/models/synth.py, freetoken/kernels/_membw.py.
+
+    .venv/bin/python bench/decode_cpu.py [--models demo,synth:medium] [--rounds 3]
+        [--prompt 64] [--decode 128] [--threads N] [--profile] [--out bench/results/decode_cpu.json]
+
+Batch 1, greedy, ignore_eos, through the public LLM API (so engine overheads count). Each model is
+loaded once and warmed up by one full run (numba compiles excluded); then the models run
+interleaved, round after round, with a fresh read-bandwidth measurement in each round, and the
+table shows medians (the machine is shared and noisy: compare within one run).
+
+Active MB/token: weight bytes one decode step must read: every non-expert weight (attention,
+norms, routers, the full lm_head, one embedding row) plus top-k experts per MoE layer. Effective
+GB/s = active bytes x decode tok/s; "% read" compares it with a numba parallel read of a 1 GiB
+array on the same number of threads. A model whose weights fit in the last-level cache can pass
+100%; one whose step time is dominated by per-op overheads sits far below.
+
+--profile adds, per model, a per-op breakdown of one decode run (ms per decode step by op, the MoE
+layer's time split into the expert kernel and the executor hand-off, and the engine's own
+per-step work: scheduling, batch building, sampling, detokenizing).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from freetoken import LLM, SamplingParams                     # noqa: E402
+from freetoken.backend import OP_NAMES                         # noqa: E402
+from freetoken.kernels._membw import measure_read_bandwidth    # noqa: E402
+from freetoken.kernels._numba import load_numba                # noqa: E402
+
+
+# --- bytes ------------------------------------------------------------------------------------
+
+def weight_stats(cfg, w) -> dict:
+    """Parameter count and the weight bytes one decode token reads (see the module doc)."""
+    arrays = {id(a): a for a in _arrays(w)}
+    params = sum(a.size for a in arrays.values())
+    item = w.embed.itemsize
+    k = cfg.num_experts_per_tok
+    per_token = w.embed.shape[1] * item + w.final_norm.nbytes + w.lm_head.nbytes
+    experts = 0
+    for lw in w.layers:
+        per_token += (lw.input_norm.nbytes + lw.post_norm.nbytes + lw.qkv.nbytes + lw.o_proj.nbytes
+                      + lw.q_norm.nbytes + lw.k_norm.nbytes)
+        if lw.router is None:                 # dense MLP: its one "expert" is read whole
+            per_token += lw.gate_up.nbytes + lw.down.nbytes
+        else:
+            per_token += lw.router.nbytes
+            experts += k * (lw.gate_up[0].nbytes + lw.down[0].nbytes)
+    return dict(params=int(params), weight_bytes=int(sum(a.nbytes for a in arrays.values())),
+                active_bytes=int(per_token + experts), active_expert_bytes=int(experts))
+
+
+def _arrays(w):
+    yield from (w.embed, w.final_norm, w.lm_head)
+    for lw in w.layers:
+        yield from (a for a in (lw.input_norm, lw.post_norm, lw.qkv, lw.o_proj, lw.q_norm,
+                                lw.k_norm, lw.router, lw.gate_up, lw.down) if a is not None)
+
+
+def kv_bytes_per_token(cfg, kv_itemsize: int, context: int) -> int:
+    """KV cache bytes attention reads for one decode token at this context length."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_itemsize * context
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+def run_once(llm, prompt, n_decode) -> dict:
+    out = llm.generate(prompt, SamplingParams(max_tokens=n_decode, ignore_eos=True))[0]
+    m = out.metrics
+    assert m["generated_tokens"] == n_decode, m
+    return dict(prefill_tok_s=m["prefill_tok_s"], decode_tok_s=m["decode_tok_s"],
+                tokens=out.token_ids)
+
+
+class OpTimer:
+    """Wraps the model's ops, the MoE op and the engine's per-step functions with timers, split by
+    phase (prefill/decode, from the batch); undo() restores everything."""
+
+    def __init__(self, llm):
+        import freetoken.engine.runner as runner
+        self.t = {"prefill": defaultdict(float), "decode": defaultdict(float)}
+        self.n = {"prefill": defaultdict(int), "decode": defaultdict(int)}
+        self.steps = {"prefill": 0, "decode": 0}
+        self.phase = "decode"
+        core, model = llm.core, llm.core.model
+        self._undo = []
+        ops = model.ops
+        wrapped = {name: self._wrap(getattr(ops, name), name) for name in OP_NAMES}
+        self._set(model, "ops", dataclasses.replace(ops, **wrapped))
+        moe = core.moe
+        self._set(moe, "forward", self._wrap(moe.forward, "moe.forward (total)"))
+        if getattr(moe, "executor", None) is not None:
+            self._set(moe.executor, "_op", self._wrap(moe.executor._op, "experts kernel (executor)"))
+        self._set(moe, "_op", self._wrap(moe._op, "experts kernel (direct)"))
+
+        fwd = model.forward
+
+        def forward(batch):
+            self.phase = "prefill" if batch.prefill else "decode"
+            self.steps[self.phase] += 1
+            return timed("model.forward (total)")(fwd)(batch)
+
+        timed = lambda name: (lambda fn: self._wrap(fn, name))
+        self._set(model, "forward", forward)
+        self._set(runner, "build_batch", self._wrap(runner.build_batch, "engine: build_batch"))
+        self._set(runner, "sample", self._wrap(runner.sample, "engine: sample"))
+        self._set(core.scheduler, "schedule", self._wrap(core.scheduler.schedule, "engine: schedule"))
+        self._set(core, "_append", self._wrap(core._append, "engine: append+detokenize"))
+        step = core.step
+
+        def whole_step():
+            return timed("engine: step (total)")(step)()
+        self._set(core, "step", whole_step)
+
+    def _set(self, obj, name, value):
+        had = name in vars(obj)          # instance/module attribute, not a class method
+        old = getattr(obj, name)
+        self._undo.append((obj, name, old, had))
+        setattr(obj, name, value)
+
+    def _wrap(self, fn, name):
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                ph = self.phase
+                self.t[ph][name] += time.perf_counter() - t0
+                self.n[ph][name] += 1
+        return timed
+
+    def undo(self):
+        for obj, name, old, had in reversed(self._undo):
+            if had:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)
+
+    def report(self, phase="decode") -> dict:
+        steps = max(self.steps[phase], 1)
+        return {name: dict(ms_per_step=1e3 * s / steps, calls_per_step=self.n[phase][name] / steps)
+                for name, s in sorted(self.t[phase].items(), key=lambda kv: -kv[1])}
+
+
+def profile(llm, prompt, n_decode) -> dict:
+    timer = OpTimer(llm)
+    try:
+        t0 = time.perf_counter()
+        res = run_once(llm, prompt, n_decode)
+        wall = time.perf_counter() - t0
+    finally:
+        timer.undo()
+    return dict(decode=timer.report("decode"), prefill=timer.report("prefill"),
+                decode_steps=timer.steps["decode"], decode_tok_s=res["decode_tok_s"], wall_s=wall)
+
+
+def print_profile(name, prof):
+    rows = prof["decode"]
+    step = rows.get("engine: step (total)", {}).get("ms_per_step", 0.0)
+    print(f"\n-- {name}: decode profile, {prof['decode_steps']} steps, {prof['decode_tok_s']:.1f} tok/s "
+          f"with timers ({step:.2f} ms per step) --")
+    print(f"{'what':34s} {'ms/step':>8s} {'calls':>6s} {'% step':>7s}")
+    for what, r in rows.items():
+        print(f"{what:34s} {r['ms_per_step']:8.3f} {r['calls_per_step']:6.0f} "
+              f"{100 * r['ms_per_step'] / step if step else 0:6.1f}%")
+
+
+# --- main -------------------------------------------------------------------------------------
+
+def machine() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return dict(cpu=cpu, cores=os.cpu_count(), python=platform.python_version(),
+                numpy=np.__version__, numba=load_numba().__version__,
+                date=time.strftime("%Y-%m-%d %H:%M"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="demo,synth:medium",
+                    help="comma list: 'demo' (the packaged model), a directory, or synth:NAME")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens (random ids)")
+    ap.add_argument("--decode", type=int, default=128, help="generated tokens per run")
+    ap.add_argument("--threads", type=int, default=0, help="numba threads (0: numba's default)")
+    ap.add_argument("--moe-backend", default="auto", help="EngineConfig.moe_backend")
+    ap.add_argument("--profile", action="store_true", help="per-op breakdown of one decode run per model")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode_cpu.json"))
+    args = ap.parse_args(argv)
+
+    numba = load_numba()
+    threads = args.threads or numba.config.NUMBA_NUM_THREADS
+    numba.set_num_threads(threads)
+    info = machine()
+    print(f"# {info['cpu']}, {info['cores']} cores, {threads} threads, {info['date']}", flush=True)
+
+    models = {}
+    for spec in args.models.split(","):
+        spec = spec.strip()
+        t0 = time.perf_counter()
+        llm = LLM(model=None if spec == "demo" else spec, backend="cpu", max_running_requests=1,
+                  moe_backend=args.moe_backend, moe_cpu_threads=threads)
+        cfg = llm.core.model_config
+        rng = np.random.default_rng(0)
+        vocab = min(cfg.vocab_size, llm.tokenizer.vocab_size)
+        prompt = rng.integers(10, vocab, args.prompt).tolist()
+        stats = weight_stats(cfg, llm.core.weights)
+        kv_item = llm.core.kv.layer(0)[0].itemsize
+        stats["kv_bytes_at_end"] = kv_bytes_per_token(cfg, kv_item, args.prompt + args.decode)
+        t1 = time.perf_counter()
+        run_once(llm, prompt, args.decode)                      # warm-up: numba compiles
+        print(f"# {spec}: loaded in {t1 - t0:.1f} s, warm-up run {time.perf_counter() - t1:.1f} s, "
+              f"{stats['params'] / 1e6:.1f} M params, {stats['active_bytes'] / 1e6:.1f} MB/token",
+              flush=True)
+        models[spec] = dict(llm=llm, prompt=prompt, stats=stats, runs=[], moe=llm.core.moe.backend)
+
+    bws = []
+    for r in range(args.rounds):
+        bws.append(measure_read_bandwidth(threads))
+        line = [f"round {r + 1}: read {bws[-1]:.1f} GB/s"]
+        for spec, m in models.items():
+            res = run_once(m["llm"], m["prompt"], args.decode)
+            m["runs"].append({k: v for k, v in res.items() if k != "tokens"})
+            m.setdefault("tokens", res["tokens"])
+            line.append(f"{spec} {res['decode_tok_s']:.1f} tok/s")
+        print("# " + ", ".join(line), flush=True)
+    read = statistics.median(bws)
+
+    results = []
+    for spec, m in models.items():
+        dec = statistics.median(x["decode_tok_s"] for x in m["runs"])
+        pre = statistics.median(x["prefill_tok_s"] for x in m["runs"])
+        eff = m["stats"]["active_bytes"] * dec / 1e9
+        results.append(dict(model=spec, moe_backend=m["moe"], **m["stats"], decode_tok_s=dec,
+                            effective_gbs=eff, read_gbs=read, fraction_of_read=eff / read,
+                            prefill_tok_s=pre, runs=m["runs"],
+                            distinct_generated=len(set(m["tokens"]))))
+
+    print(f"\n{'model':16s} {'params':>8s} {'active MB/tok':>13s} {'decode tok/s':>12s} "
+          f"{'eff. GB/s':>9s} {'read GB/s':>9s} {'% read':>6s} {'prefill tok/s':>13s}")
+    for x in results:
+        print(f"{x['model']:16s} {x['params'] / 1e6:7.1f}M {x['active_bytes'] / 1e6:13.1f} "
+              f"{x['decode_tok_s']:12.1f} {x['effective_gbs']:9.1f} {x['read_gbs']:9.1f} "
+              f"{100 * x['fraction_of_read']:5.0f}% {x['prefill_tok_s']:13.1f}")
+
+    if args.profile:
+        for x in results:
+            m = models[x["model"]]
+            x["profile"] = profile(m["llm"], m["prompt"], args.decode)
+            print_profile(x["model"], x["profile"])
+
+    for m in models.values():
+        m["llm"].core.close()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(machine=info, threads=threads, args=vars(args),
+                                   read_gbs_rounds=bws, results=results), indent=2))
+    print(f"\nwritten {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+// attention.cu -- causal GQA attention over the token-slot KV pool; fp32 dot products and softmax.
+// Wrapper: freetoken/kernels/attention.py (gpu)   Spec: attention.ref   Test: tests/kernels/test_gpu_attention.py
+// Token t (sequence s = tok_seq[t], position p = tok_pos[t]) attends to the rows at slots
+// slot_table[s, 0..p] (inclusive); query head h reads kv group g = h / (Hq/G), rep = Hq/G.
+// q, out f32[T,Hq,D]; k_cache, v_cache [N,G,D] bf16 bits or f32; slot_table i32[B,C].
+//
+// attention_decode_*: grid (nch, G, T), block 128, dynamic smem (rep*D + rep*CH + CH) * 4 bytes.
+//   One block per (token, kv group, chunk of CH positions) serves all rep heads of the group, so
+//   each K/V row is read once for them; split-K over the context (flash-decoding) keeps the GPU
+//   busy at batch 1 and 40k contexts. Chunks past a token's context exit at once and write
+//   nothing. Writes unnormalised partials part_o[T,Hq,nch,D] and (max, sum) part_ml[T,Hq,nch,2].
+// attention_decode_reduce_f32: grid (Hq, T), block 128; merges the chunks a token really has.
+// attention_prefill_*: grid (ceil(T/BQ), Hq), block 128, dynamic smem (D*33 + BQ*D) * 4 bytes.
+//   BQ = 16 query tokens of one head per block (8 when D > 128), online softmax over 32-key
+//   tiles: a lane per key for q.k (K tile transposed in shared memory), lanes over D for p.v.
+//   The tile's tokens are grouped by sequence in-kernel, so mixed batches and chunked prefill
+//   over a cached prefix need no host-side layout.
+// Needs: D <= 256; D*rep <= 4096 (decode). Softmax uses expf, not __expf, to stay close to ref.
+#include "gemv_common.cuh"
+
+#define ATT_THREADS 128
+#define KEY_TILE 32  // keys per prefill tile: one per lane
+
+// ---------------------------------------------------------------- decode (one token per sequence)
+// Scores sp[h*CH + j] = scale * q_h . k_j for the chunk; a thread per key, heads in groups of 4.
+template <typename KV>
+__device__ void decode_scores(const KV* kc, const float* sq, float* sp, const int* sslot, int len,
+                              int rep, int G, int g, int D, int CH, float scale) {
+  const bool vec = (D & 7) == 0 && aligned16(kc);
+  for (int j = threadIdx.x; j < len; j += ATT_THREADS) {
+    const KV* krow = kc + ((size_t)sslot[j] * G + g) * D;
+    for (int h0 = 0; h0 < rep; h0 += 4) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int d = 0; d < D; d += 8) {
+        float kv[8];
+        if (vec) load8(krow + d, kv);
+        else load8_n(krow + d, D - d, kv);
+        const int nd = min(8, D - d);
+#pragma unroll
+        for (int hh = 0; hh < 4; ++hh) {
+          if (h0 + hh >= rep) break;
+          const float* qh = sq + (h0 + hh) * D + d;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            if (i < nd) acc[hh] += qh[i] * kv[i];
+        }
+      }
+      for (int hh = 0; hh < 4 && h0 + hh < rep; ++hh) sp[(h0 + hh) * CH + j] = acc[hh] * scale;
+    }
+  }
+}
+
+// Per head (a warp each): m = max score, p = exp(s - m) in place, l = sum p -> part_ml.
+__device__ void decode_softmax(float* sp, float* ml, int len, int rep, int CH, int nch) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int h = warp; h < rep; h += ATT_THREADS / 32) {
+    float* s = sp + h * CH;
+    float m = neg_inf();
+    for (int j = lane; j < len; j += 32) m = fmaxf(m, s[j]);
+    m = warp_allmax(m);
+    float l = 0.f;
+    for (int j = lane; j < len; j += 32) {
+      const float p = expf(s[j] - m);
+      s[j] = p;
+      l += p;
+    }
+    l = warp_sum(l);
+    if (lane == 0) ml[(size_t)h * nch * 2] = m, ml[(size_t)h * nch * 2 + 1] = l;
+  }
+}
+
+// o[h][d] = sum_j p[h][j] * v_j[d]; a thread per (h, d) output, consecutive threads -> consecutive d.
+template <typename KV>
+__device__ void decode_values(const KV* vc, const float* sp, const int* sslot, int len, int rep,
+                              int G, int g, int D, int CH, int nch, float* po) {
+  for (int o = threadIdx.x; o < rep * D; o += ATT_THREADS) {
+    const int h = o / D, d = o - h * D;
+    const float* p = sp + h * CH;
+    float acc = 0.f;
+    for (int j = 0; j < len; ++j) acc += p[j] * to_f32(vc[((size_t)sslot[j] * G + g) * D + d]);
+    po[(size_t)h * nch * D + d] = acc;
+  }
+}
+
+template <typename KV>
+__device__ void decode_impl(const float* q, const KV* kc, const KV* vc, const int* slot_table,
+                            const int* tok_seq, const int* tok_pos, float scale, float* part_o,
+                            float* part_ml, int Hq, int G, int D, int C, int CH, int nch) {
+  extern __shared__ __align__(16) float smem[];
+  const int c = blockIdx.x, g = blockIdx.y, t = blockIdx.z, rep = Hq / G;
+  const int n = tok_pos[t] + 1, k0 = c * CH;
+  if (k0 >= n) return;  // past this token's context: the reduce never reads this chunk
+  const int len = min(CH, n - k0);
+  float* sq = smem;                          // [rep][D] the group's queries
+  float* sp = sq + rep * D;                  // [rep][CH] scores, then probabilities
+  int* sslot = (int*)(sp + rep * CH);        // [CH] KV slots of the chunk
+  const int* row = slot_table + (size_t)tok_seq[t] * C + k0;
+  for (int i = threadIdx.x; i < rep * D; i += ATT_THREADS) sq[i] = q[((size_t)t * Hq + g * rep) * D + i];
+  for (int j = threadIdx.x; j < len; j += ATT_THREADS) sslot[j] = row[j];
+  __syncthreads();
+  decode_scores(kc, sq, sp, sslot, len, rep, G, g, D, CH, scale);
+  __syncthreads();
+  const size_t head0 = (size_t)t * Hq + g * rep;  // [T,Hq] index of the group's first head
+  decode_softmax(sp, part_ml + (head0 * nch + c) * 2, len, rep, CH, nch);
+  __syncthreads();
+  decode_values(vc, sp, sslot, len, rep, G, g, D, CH, nch, part_o + (head0 * nch + c) * D);
+}
+
+extern "C" __global__ void attention_decode_reduce_f32(const float* part_o, const float* part_ml,
+                                                       const int* tok_pos, float* out,
+                                                       int Hq, int D, int CH, int nch) {
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int used = min(nch, (tok_pos[t] + CH) / CH);  // chunks holding positions 0..tok_pos[t]
+  const float* ml = part_ml + ((size_t)t * Hq + h) * nch * 2;
+  const float* po = part_o + ((size_t)t * Hq + h) * nch * D;
+  float m = neg_inf(), l = 0.f;
+  for (int c = 0; c < used; ++c) m = fmaxf(m, ml[2 * c]);
+  for (int c = 0; c < used; ++c) l += ml[2 * c + 1] * expf(ml[2 * c] - m);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.f;
+    for (int c = 0; c < used; ++c) acc += expf(ml[2 * c] - m) * po[(size_t)c * D + d];
+    out[((size_t)t * Hq + h) * D + d] = acc / l;
+  }
+}
+
+// ---------------------------------------------------------------- prefill (tiles of query tokens)
+// Distinct sequences of the tile's tokens, in order, with the keys each needs (max pos + 1).
+__device__ void group_tokens(const int* s_seq, const int* s_pos, int BQ, int* s_uniq,
+                             int* s_nkeys, int* s_nuniq) {
+  int nu = 0;
+  for (int r = 0; r < BQ; ++r) {
+    if (s_seq[r] < 0) continue;
+    int u = 0;
+    while (u < nu && s_uniq[u] != s_seq[r]) ++u;
+    if (u == nu) s_uniq[nu] = s_seq[r], s_nkeys[nu++] = 0;
+    s_nkeys[u] = max(s_nkeys[u], s_pos[r] + 1);
+  }
+  *s_nuniq = nu;
+}
+
+// One 32-key tile for the warp's RPW rows: lane = key for q.k, online-softmax update, lanes over
+// D for p.v. Rows of another sequence, and keys past a row's position, are skipped, not zeroed.
+template <typename KV, int EPL, int RPW>
+__device__ void prefill_tile(const float* sq, const float* sk, const int* s_seq, const int* s_pos,
+                             const int* s_slot, int seq, int j0, int nk, const KV* vc, int G, int g,
+                             int D, float scale, float (&m)[RPW], float (&l)[RPW],
+                             float (&acc)[RPW][EPL]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float s[RPW] = {};
+  for (int d = 0; d < D; ++d) {
+    const float kd = sk[d * (KEY_TILE + 1) + lane];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) s[r] += sq[(warp * RPW + r) * D + d] * kd;
+  }
+  float p[RPW];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const int row = warp * RPW + r;
+    p[r] = 0.f;
+    if (s_seq[row] != seq) continue;  // warp-uniform
+    const bool ok = j0 + lane <= s_pos[row];
+    const float mnew = fmaxf(m[r], warp_allmax(ok ? s[r] * scale : neg_inf()));
+    const float corr = expf(m[r] - mnew);  // m = -inf on the first tile: corr = 0, acc and l are 0
+    p[r] = ok ? expf(s[r] * scale - mnew) : 0.f;
+    l[r] = l[r] * corr + p[r];  // per-lane partial sum; reduced once at the end
+    m[r] = mnew;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[r][e] *= corr;
+  }
+  const int kn = min(KEY_TILE, nk - j0);
+  for (int jj = 0; jj < kn; ++jj) {
+    const KV* vrow = vc + ((size_t)s_slot[jj] * G + g) * D;
+    float v[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) v[e] = lane + 32 * e < D ? to_f32(vrow[lane + 32 * e]) : 0.f;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const float pj = __shfl_sync(FULL_MASK, p[r], jj);
+      const int row = warp * RPW + r;
+      if (s_seq[row] != seq || j0 + jj > s_pos[row]) continue;  // warp-uniform
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[r][e] += pj * v[e];
+    }
+  }
+}
+
+template <typename KV, int EPL>
+__device__ void prefill_impl(const float* q, const KV* kc, const KV* vc, const int* slot_table,
+                             const int* tok_seq, const int* tok_pos, float scale, float* out,
+                             int T, int Hq, int G, int D, int C) {
+  constexpr int RPW = EPL > 4 ? 2 : 4, BQ = 4 * RPW;  // 4 warps x RPW query rows
+  extern __shared__ __align__(16) float smem[];
+  float* sk = smem;                        // [D][KEY_TILE+1] K tile, transposed
+  float* sq = sk + D * (KEY_TILE + 1);     // [BQ][D] queries
+  __shared__ int s_seq[BQ], s_pos[BQ], s_uniq[BQ], s_nkeys[BQ], s_nuniq, s_slot[KEY_TILE];
+  const int tid = threadIdx.x, h = blockIdx.y, g = h / (Hq / G), t0 = blockIdx.x * BQ;
+  for (int i = tid; i < BQ * D; i += ATT_THREADS) {
+    const int t = t0 + i / D;
+    sq[i] = t < T ? q[((size_t)t * Hq + h) * D + i % D] : 0.f;
+  }
+  if (tid < BQ) s_seq[tid] = t0 + tid < T ? tok_seq[t0 + tid] : -1;
+  if (tid < BQ) s_pos[tid] = t0 + tid < T ? tok_pos[t0 + tid] : -1;
+  __syncthreads();
+  if (tid == 0) group_tokens(s_seq, s_pos, BQ, s_uniq, s_nkeys, &s_nuniq);
+  __syncthreads();
+  float m[RPW], l[RPW], acc[RPW][EPL];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    m[r] = neg_inf(), l[r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[r][e] = 0.f;
+  }
+  for (int u = 0; u < s_nuniq; ++u) {
+    const int seq = s_uniq[u], nk = s_nkeys[u];
+    const int* srow = slot_table + (size_t)seq * C;
+    for (int j0 = 0; j0 < nk; j0 += KEY_TILE) {
+      __syncthreads();  // the previous tile's sk and s_slot are consumed
+      if (tid < KEY_TILE) s_slot[tid] = j0 + tid < nk ? srow[j0 + tid] : 0;
+      __syncthreads();
+      for (int i = tid; i < KEY_TILE * D; i += ATT_THREADS) {
+        const int jj = i / D, d = i - jj * D;
+        sk[d * (KEY_TILE + 1) + jj] = j0 + jj < nk ? to_f32(kc[((size_t)s_slot[jj] * G + g) * D + d]) : 0.f;
+      }
+      __syncthreads();
+      prefill_tile<KV, EPL, RPW>(sq, sk, s_seq, s_pos, s_slot, seq, j0, nk, vc, G, g, D, scale, m, l, acc);
+    }
+  }
+  const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const int t = t0 + warp * RPW + r;
+    const float total = warp_allsum(l[r]);
+    if (t >= T) continue;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e)
+      if (lane + 32 * e < D) out[((size_t)t * Hq + h) * D + lane + 32 * e] = acc[r][e] / total;
+  }
+}
+
+// D is a run-time value: one instance per elements-per-lane count ceil(D/32) (registers acc[EPL]).
+template <typename KV>
+__device__ void prefill_dispatch(const float* q, const KV* kc, const KV* vc, const int* st,
+                                 const int* ts, const int* tp, float scale, float* out, int T,
+                                 int Hq, int G, int D, int C) {
+  switch ((D + 31) / 32) {
+    case 1: prefill_impl<KV, 1>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    case 2: prefill_impl<KV, 2>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    case 3: prefill_impl<KV, 3>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    case 4: prefill_impl<KV, 4>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    case 5: prefill_impl<KV, 5>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    case 6: prefill_impl<KV, 6>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    case 7: prefill_impl<KV, 7>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    case 8: prefill_impl<KV, 8>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    default: break;  // the wrapper rejects D > 256
+  }
+}
+
+extern "C" __global__ void attention_decode_bf16(
+    const float* q, const unsigned short* k_cache, const unsigned short* v_cache,
+    const int* slot_table, const int* tok_seq, const int* tok_pos, float scale, float* part_o,
+    float* part_ml, int Hq, int G, int D, int C, int CH, int nch) {
+  decode_impl(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, part_o, part_ml, Hq, G,
+              D, C, CH, nch);
+}
+
+extern "C" __global__ void attention_decode_f32(
+    const float* q, const float* k_cache, const float* v_cache,
+    const int* slot_table, const int* tok_seq, const int* tok_pos, float scale, float* part_o,
+    float* part_ml, int Hq, int G, int D, int C, int CH, int nch) {
+  decode_impl(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, part_o, part_ml, Hq, G,
+              D, C, CH, nch);
+}
+
+extern "C" __global__ void attention_prefill_bf16(
+    const float* q, const unsigned short* k_cache, const unsigned short* v_cache,
+    const int* slot_table, const int* tok_seq, const int* tok_pos, float scale, float* out,
+    int T, int Hq, int G, int D, int C) {
+  prefill_dispatch(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, T, Hq, G, D, C);
+}
+
+extern "C" __global__ void attention_prefill_f32(
+    const float* q, const float* k_cache, const float* v_cache,
+    const int* slot_table, const int* tok_seq, const int* tok_pos, float scale, float* out,
+    int T, int Hq, int G, int D, int C) {
+  prefill_dispatch(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, T, Hq, G, D, C);
+}

@@ -1,0 +1,200 @@
+"""``chat``: an interactive chat in the terminal, streamed as it generates.
+
+The conversation is a list of messages rendered with the model's chat template each turn
+(LLM.chat_prompt). Ctrl-C while a reply streams stops that reply: the first press asks the reply
+to stop at its next piece of text (the stream generator is closed, so the engine aborts the
+request and frees its KV slots); a second press interrupts the engine step at once. Ctrl-C or
+Ctrl-D at the prompt leaves.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+
+from freetoken.cli import add_config_flags, config_from_args
+
+PROMPT = "you> "
+HELP = """commands:
+  /reset   start a new conversation (the expert cache stays warm)
+  /stats   MoE expert-cache counters and KV pool occupancy
+  /help    this text
+  /exit    leave (also Ctrl-D, or Ctrl-C at the prompt)
+Ctrl-C while a reply is streaming stops that reply."""
+DEMO_HINT = 'The demo model was trained to answer "Write Python code." with code; try that.'
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="interactive chat in the terminal (history, /reset, /stats)")
+    p.add_argument("--system", help="system message at the start of every conversation")
+    p.add_argument("--no-think", action="store_true", help="render with enable_thinking=False")
+    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default: 512)")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy (default: 0.7)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0: all (default: 0)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (default: 0)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    add_config_flags(p)      # includes --seed: the seed of the session's sequence of reply seeds
+    p.set_defaults(run=run)
+
+
+class StopOnInterrupt:
+    """SIGINT handler for the length of one reply: the first press sets `requested`; a second
+    press raises KeyboardInterrupt where the main thread is (possibly inside an engine step)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "StopOnInterrupt":
+        self.requested = False
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+class ChatSession:
+    """The conversation state and one engine; `turn(text)` streams a reply to `out`."""
+
+    def __init__(self, llm, params, system: str | None, template_kwargs: dict, out=sys.stdout):
+        self.llm, self.params, self.system = llm, params, system
+        self.template_kwargs, self.out = template_kwargs, out
+        self.messages: list[dict] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def turn(self, text: str) -> str:
+        """Add a user message, stream the reply; returns how it ended (stop, length, stopped...)."""
+        from freetoken.engine.request import InvalidRequest
+        self.messages.append({"role": "user", "content": text})
+        try:
+            prompt = self.llm.chat_prompt(self.messages, **self.template_kwargs)
+            reply, how = self._stream(prompt)
+        except InvalidRequest as e:
+            self.messages.pop()
+            self.say(f"[error] {e}; /reset starts a new conversation")
+            return "error"
+        self.messages.append({"role": "assistant", "content": reply})
+        return how
+
+    def _stream(self, prompt: list[int]) -> tuple[str, str]:
+        stream = self.llm.stream(prompt, self.params)
+        parts, how = [], None
+        with StopOnInterrupt() as stop:
+            try:
+                for text in stream:
+                    self.out.write(text)
+                    self.out.flush()
+                    parts.append(text)
+                    if stop.requested:
+                        how = "stopped"
+                        break
+            except KeyboardInterrupt:         # second Ctrl-C, inside an engine step
+                how = "interrupted"
+            finally:
+                stream.close()                # aborts the request and frees its KV slots
+        self.out.write("\n")
+        self._summary(how)
+        if how == "interrupted":              # the step may have stopped halfway: start cold
+            self.llm.core.moe.reset()
+        return "".join(parts), how or self.llm.last_output.finish_reason
+
+    def _summary(self, how: str | None) -> None:
+        if how == "stopped":
+            self.say("[stopped]")
+        elif how == "interrupted":
+            self.say("[interrupted; expert cache reset]")
+        else:
+            out = self.llm.last_output
+            m = out.metrics
+            self.say(f"[{m['generated_tokens']} tokens, {m['decode_tok_s']:.0f} tok/s, "
+                      f"finish {out.finish_reason}]")
+
+    def stats_text(self) -> str:
+        stats = self.llm.stats()
+        moe, kv = stats["moe"], stats["kv"]
+        lines = [f"MoE backend {moe['backend']}, {moe['slots']} slots, policy {moe['policy']}, "
+                 f"prefill calls {moe['prefill_calls']}",
+                 "  total: " + _counters(moe["total"])]
+        lines += [f"  layer {j}: " + _counters(c) for j, c in enumerate(moe["layers"])]
+        cache = self.llm.core.prefix_cache
+        cached, locked = (cache.size, cache.protected_size) if cache is not None else (0, 0)
+        held = kv["slots"] - kv["free"] - cached
+        lines.append(f"KV pool: {kv['slots']} slots, {kv['free']} free, {cached} cached prefix "
+                     f"tokens ({locked} locked), {held} held by requests")
+        lines.append(f"conversation: {len(self.messages)} messages")
+        return "\n".join(lines)
+
+    def say(self, line: str) -> None:
+        self.out.write(line + "\n")
+        self.out.flush()
+
+
+def _counters(c: dict) -> str:
+    return " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in c.items())
+
+
+def command(session: ChatSession, line: str) -> bool:
+    """Run a /command; False when the session should end."""
+    name = line.split()[0].lower()
+    if name in ("/exit", "/quit"):
+        return False
+    if name == "/reset":
+        session.reset()
+        session.say("[new conversation]")
+    elif name == "/stats":
+        session.say(session.stats_text())
+    elif name == "/help":
+        session.say(HELP)
+    else:
+        session.say(f"unknown command {name}; /help lists them")
+    return True
+
+
+def repl(session: ChatSession) -> None:
+    """Read lines until /exit, Ctrl-D or Ctrl-C at the prompt."""
+    while True:
+        try:
+            line = input(PROMPT).strip()
+        except (EOFError, KeyboardInterrupt):
+            session.out.write("\n")
+            return
+        if not line:
+            continue
+        if line.startswith("/"):
+            if not command(session, line):
+                return
+            continue
+        session.turn(line)
+
+
+def run(args) -> int:
+    from freetoken.engine.llm import LLM
+    from freetoken.engine.request import SamplingParams
+    try:
+        import readline  # noqa: F401  (line editing and arrow-key history for input())
+    except ImportError:
+        pass
+    llm = LLM(**config_from_args(args).__dict__)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, min_p=args.min_p, ignore_eos=args.ignore_eos)
+    kwargs = {"enable_thinking": False} if args.no_think else {}
+    session = ChatSession(llm, params, args.system, kwargs)
+    cfg = llm.core.model_config
+    session.say(f"{llm.core.model_name}: {cfg.num_layers} layers, {cfg.num_experts} experts, "
+                 f"top-{cfg.num_experts_per_tok}. /help for commands, Ctrl-D to leave.")
+    if args.model is None:
+        session.say(DEMO_HINT)
+    try:
+        repl(session)
+    finally:
+        llm.core.close()
+    return 0

@@ -1,0 +1,208 @@
+"""``kernel OP [--check] [--bench]``: run one op's kernel against its numpy reference on fresh
+random inputs (worst error and where), then time it. With a GPU the op's ``gpu`` runs, timed as
+one CUDA graph of many launches against the device's peak; without one, its ``cpu`` runs instead
+and the report says so. Inputs come from freetoken/kernels/cases.py."""
+from __future__ import annotations
+
+import importlib
+import time
+
+import numpy as np
+
+
+def register(sub) -> None:
+    from freetoken.kernels.cases import OPS
+    p = sub.add_parser("kernel", help="check one op's kernel against its numpy reference; time it")
+    p.add_argument("op", choices=sorted(OPS), help="op module in freetoken/kernels/")
+    p.add_argument("--check", action="store_true",
+                   help="compare with ref: max abs/rel error and where (the default action)")
+    p.add_argument("--bench", action="store_true",
+                   help="time it: GB/s and TFLOP/s, against the device's peak on a GPU")
+    p.add_argument("--shape", default="", metavar="NAME=N,...",
+                   help="override the op's default dims, e.g. T=7,H=4096 (the report shows all)")
+    p.add_argument("--dtype", choices=("bf16", "f32"), default="bf16",
+                   help="weight / KV cache dtype (default: bf16)")
+    p.add_argument("--iters", type=int, default=100,
+                   help="calls per timing; one CUDA graph on a GPU (default: 100)")
+    p.add_argument("--seed", type=int, default=0, help="input seed (default: 0)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU when CuPy sees one, else the cpu version (default: auto)")
+    p.set_defaults(run=run)
+
+
+def parse_dims(text: str) -> dict:
+    """'T=7,H=4096' -> {'T': 7, 'H': 4096}."""
+    dims = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ValueError(f"--shape: expected NAME=N, got {item!r}")
+        dims[name.strip()] = int(value)
+    return dims
+
+
+def pick_device(requested: str) -> tuple[str, str]:
+    """('cuda' | 'cpu', why)."""
+    from freetoken.backend import cuda_unavailable_reason
+    if requested == "cpu":
+        return "cpu", "requested"
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return "cuda", "a CUDA device is visible"
+    if requested == "cuda":
+        raise RuntimeError(f"--device cuda: {reason}")
+    return "cpu", f"no GPU ({reason}): running the cpu version against ref instead"
+
+
+def run(args) -> int:
+    from freetoken.kernels import cases
+    case = cases.build(args.op, parse_dims(args.shape), args.dtype, np.random.default_rng(args.seed))
+    device, why = pick_device(args.device)
+    impl = "gpu" if device == "cuda" else "cpu"
+    fn = getattr(importlib.import_module(f"freetoken.kernels.{args.op}"), impl, None)
+    if fn is None:
+        raise RuntimeError(f"{args.op} has no {impl} version yet")
+    dims = " ".join(f"{k}={v}" for k, v in case.dims.items())
+    print(f"{args.op} [{dims}] dtype {args.dtype}: {args.op}.{impl} ({why})")
+    ok = check(fn, case, device) if args.check or not args.bench else True
+    if args.bench:
+        bench(fn, case, device, max(1, args.iters))
+    return 0 if ok else 1
+
+
+# --- check -----------------------------------------------------------------------------------
+
+def check(fn, case, device) -> bool:
+    """Run ref and fn on the same inputs; one line per result array; True when all are within
+    the case's tolerance (integer results must match exactly)."""
+    from freetoken.kernels import cases
+    module = importlib.import_module(f"freetoken.kernels.{case.op}")
+    expect = case.results(*cases.run(module.ref, case, np))
+    got = case.results(*cases.run(fn, case, _xp(device)))
+    ok = True
+    for name, ref in expect.items():
+        line, good = compare(name, cases.to_host(ref), cases.to_host(got[name]), *case.tol)
+        print(("  PASS " if good else "  FAIL ") + line)
+        ok = ok and good
+    return ok
+
+
+def compare(name, ref, got, atol, rtol) -> tuple[str, bool]:
+    """(report line, within tolerance) for one result array."""
+    if ref.shape != got.shape:
+        return f"{name}: shape {got.shape} != ref {ref.shape}", False
+    if ref.size == 0:
+        return f"{name}: empty", True
+    if ref.dtype.kind in "iu" and ref.dtype.itemsize > 2:
+        bad = np.argwhere(ref != got)
+        if not len(bad):
+            return f"{name}: all {ref.size} equal", True
+        at = tuple(int(i) for i in bad[0])
+        return f"{name}: {len(bad)} of {ref.size} differ; first at {at}: ref {ref[at]}, got {got[at]}", False
+    if ref.dtype == np.uint16:                        # bf16 bits: compare the values
+        from freetoken.kernels._bf16 import to_f32
+        ref, got = to_f32(ref), to_f32(got)
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    err = np.where(np.isnan(ref) & np.isnan(got), 0.0, np.abs(got - ref))
+    err = np.where(np.isnan(err), np.inf, err)
+    rel = err / np.maximum(np.abs(ref), np.finfo(np.float32).tiny)
+    worst = np.unravel_index(int(np.argmax(err - (atol + rtol * np.abs(ref)))), ref.shape)
+    wa = np.unravel_index(int(np.argmax(err)), ref.shape)
+    wr = np.unravel_index(int(np.argmax(rel)), ref.shape)
+    good = bool(err[worst] <= atol + rtol * abs(ref[worst]))
+    return (f"{name}: max abs {err[wa]:.3g} at {_ix(wa)} (ref {ref[wa]:.6g}, got {got[wa]:.6g}); "
+            f"max rel {rel[wr]:.3g} at {_ix(wr)}; tol atol {atol:g} rtol {rtol:g}"), good
+
+
+def _ix(index):
+    return tuple(int(i) for i in index)
+
+
+def _xp(device):
+    if device == "cuda":
+        import cupy
+        return cupy
+    return np
+
+
+# --- bench -----------------------------------------------------------------------------------
+
+def bench(fn, case, device, iters) -> None:
+    sec = time_gpu(fn, case, iters) if device == "cuda" else time_cpu(fn, case, iters)
+    gbs, tfs = case.nbytes / sec / 1e9, case.flops / sec / 1e12
+    peak_gbs, peak_tfs, what = gpu_peaks() if device == "cuda" else cpu_peaks()
+    print(f"  time {sec * 1e6:.2f} us/call (mean of {iters}"
+          f"{' in one CUDA graph' if device == 'cuda' else ''})")
+    print(f"  {gbs:.1f} GB/s of {case.nbytes / 1e6:.3g} MB moved" + _share(gbs, peak_gbs, "GB/s"))
+    if case.flops:
+        print(f"  {tfs:.3f} TFLOP/s of {case.flops / 1e9:.3g} GFLOP" + _share(tfs, peak_tfs, "TFLOP/s"))
+    print(f"  peaks: {what}")
+
+
+def _share(value, peak, unit):
+    return f" = {value / peak:.0%} of {peak:.4g} {unit}" if peak else ""
+
+
+def time_gpu(fn, case, iters) -> float:
+    """Seconds per call: ``iters`` calls captured into one CUDA graph (launch overhead out),
+    replayed once to warm up, then timed with events."""
+    import cupy
+    from freetoken.kernels import cases
+    ins, out = cases.run(fn, case, cupy)         # compiles the module outside the capture
+    call = (lambda: fn(*ins, out)) if out is not None else (lambda: fn(*ins))
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for _ in range(iters):
+            call()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters
+
+
+def time_cpu(fn, case, iters) -> float:
+    from freetoken.kernels import cases
+    ins, out = cases.run(fn, case, np)            # warm-up: numba compiles on first call
+    call = (lambda: fn(*ins, out)) if out is not None else (lambda: fn(*ins))
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return (time.perf_counter() - t0) / iters
+
+
+def gpu_peaks() -> tuple[float | None, float | None, str]:
+    """(GB/s, fp32 TFLOP/s, description) from the device's attributes: DRAM bandwidth is
+    2 transfers/clock x memory clock x bus width; fp32 is SMs x FMA lanes x 2 x SM clock."""
+    import cupy
+    rt = cupy.cuda.runtime
+    dev = cupy.cuda.Device().id
+
+    def attr(name, number):       # CUDA 13 dropped the clock fields of cudaDeviceProp
+        return rt.deviceGetAttribute(getattr(rt, name, number), dev)
+
+    name = rt.getDeviceProperties(dev)["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    try:
+        gbs = 2 * attr("cudaDevAttrMemoryClockRate", 36) * 1e3 * attr("cudaDevAttrGlobalMemoryBusWidth", 37) / 8 / 1e9
+    except Exception:
+        gbs = None
+    cc = (attr("cudaDevAttrComputeCapabilityMajor", 75), attr("cudaDevAttrComputeCapabilityMinor", 76))
+    lanes = 64 if cc == (8, 0) else 128           # fp32 lanes per SM: A100 64, sm_86+ / H100 128
+    try:
+        tfs = attr("cudaDevAttrMultiProcessorCount", 16) * lanes * 2 * attr("cudaDevAttrClockRate", 13) * 1e3 / 1e12
+    except Exception:
+        tfs = None
+    peak = f"{gbs:.0f} GB/s DRAM" if gbs else "DRAM peak unknown"
+    return gbs, tfs, f"{name} (sm_{cc[0]}{cc[1]}): {peak}, {tfs or 0:.1f} TFLOP/s fp32 (no tensor cores)"
+
+
+def cpu_peaks() -> tuple[float, None, str]:
+    from freetoken.kernels._membw import measure_read_bandwidth
+    gbs = measure_read_bandwidth(nbytes=256 << 20, repeats=3)
+    return gbs, None, f"cpu: {gbs:.1f} GB/s measured numba parallel read (256 MB)"

@@ -1,0 +1,178 @@
+"""Random inputs per op for ``python -m freetoken kernel`` and the wrapper dry runs of
+tests/kernels/test_signatures.py: ``build(op, dims, dtype, rng) -> Case``.
+
+A Case holds host inputs in the op's argument order, how to preallocate ``out`` on a backend,
+which arrays hold the results, and napkin numbers for a benchmark: the bytes a call must move at
+least (each input read once, each output written once) and its flops. Default dims are decode
+sized, from Qwen3-30B-A3B (H 2048, 32 query heads, 4 kv heads, D 128, 128 experts, k 8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from freetoken.kernels._bf16 import from_f32
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    dims: dict
+    inputs: tuple          # host arrays and scalars, in the op's argument order (no out)
+    make_out: Callable     # xp -> preallocated out (array or tuple); None: writes its inputs
+    results: Callable      # (inputs, out) -> {name: array} to compare after a call
+    nbytes: int
+    flops: int = 0
+    tol: tuple = field(default=(1e-4, 1e-4))   # (atol, rtol) for float results; ints exact
+
+
+def _weights(rng, shape, dtype, scale=1.0):
+    w = (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+    return from_f32(w) if dtype == "bf16" else w
+
+
+def _wb(dtype):
+    return 2 if dtype == "bf16" else 4
+
+
+def _out(shape, dtype=np.float32):
+    return lambda xp: xp.empty(shape, dtype)
+
+
+def _only_out(ins, out):
+    return {"out": out}
+
+
+def _embedding(d, dtype, rng):
+    T, H, V = d["T"], d["H"], d["V"]
+    ids = rng.integers(0, V, T).astype(np.int32)
+    return Case("embedding", d, (ids, _weights(rng, (V, H), dtype)), _out((T, H)), _only_out,
+                nbytes=T * H * (_wb(dtype) + 4) + 4 * T, tol=(0, 0))
+
+
+def _rms_norm(d, dtype, rng):
+    R, H = d["R"], d["H"]
+    x = _weights(rng, (R, H), "f32", 3.0)
+    return Case("rms_norm", d, (x, _weights(rng, H, dtype), 1e-6), _out((R, H)), _only_out,
+                nbytes=8 * R * H + _wb(dtype) * H, flops=4 * R * H)
+
+
+def _add_rms_norm(d, dtype, rng):
+    R, H = d["R"], d["H"]
+    x, res = _weights(rng, (R, H), "f32", 3.0), _weights(rng, (R, H), "f32")
+    return Case("add_rms_norm", d, (x, res, _weights(rng, H, dtype), 1e-6), _out((R, H)),
+                lambda ins, out: {"x": ins[0], "out": out},
+                nbytes=16 * R * H + _wb(dtype) * H, flops=5 * R * H)
+
+
+def _rope(d, dtype, rng):
+    T, nh, D, R = d["T"], d["nh"], d["D"], d["R"]
+    x = _weights(rng, (T, nh, D), "f32")
+    pos = rng.integers(0, 32768, T).astype(np.int32)
+    inv_freq = (1.0 / 1e6 ** (np.arange(0, R, 2) / R)).astype(np.float32)
+    return Case("rope", d, (x, pos, inv_freq), _out((T, nh, D)), _only_out,
+                nbytes=8 * T * nh * D + 4 * T + 2 * R, flops=3 * T * nh * R, tol=(2e-5, 1e-4))
+
+
+def _kv_write(d, dtype, rng):
+    T, G, D, N = d["T"], d["G"], d["D"], d["N"]
+    k, v = _weights(rng, (T, G, D), "f32"), _weights(rng, (T, G, D), "f32")
+    cache_dtype = np.uint16 if dtype == "bf16" else np.float32
+    caches = np.zeros((N, G, D), cache_dtype), np.zeros((N, G, D), cache_dtype)
+    slots = rng.permutation(N)[:T].astype(np.int32)
+    return Case("kv_write", d, (k, v, *caches, slots), None,
+                lambda ins, out: {"k_cache": ins[2], "v_cache": ins[3]},
+                nbytes=2 * T * G * D * (4 + _wb(dtype)) + 4 * T, tol=(0, 0))
+
+
+def _router(d, dtype, rng):
+    T, E, k = d["T"], d["E"], d["k"]
+    logits = _weights(rng, (T, E), "f32", 2.0)
+    return Case("router", d, (logits, k, True),
+                lambda xp: (xp.empty((T, k), np.int32), xp.empty((T, k), np.float32)),
+                lambda ins, out: {"ids": out[0], "weights": out[1]},
+                nbytes=4 * T * E + 8 * T * k, flops=3 * T * E, tol=(1e-6, 1e-5))
+
+
+def _sampling(d, dtype, rng):
+    B, V = d["B"], d["V"]
+    logits = _weights(rng, (B, V), "f32", 3.0)
+    rows = np.arange(B)
+    temperature = np.where(rows % 4 == 0, 0.0, 0.8).astype(np.float32)   # every 4th row greedy
+    top_k = np.where(rows % 3 == 1, 50, 0).astype(np.int32)
+    top_p = np.where(rows % 2 == 1, 0.9, 1.0).astype(np.float32)
+    min_p = np.where(rows % 5 == 2, 0.05, 0.0).astype(np.float32)
+    uniforms = rng.random(B, dtype=np.float32)
+    return Case("sampling", d, (logits, temperature, top_k, top_p, min_p, uniforms),
+                _out(B, np.int32), _only_out, nbytes=4 * B * V + 24 * B)
+
+
+def _linear(d, dtype, rng):
+    T, K, M = d["T"], d["K"], d["M"]
+    x, w = _weights(rng, (T, K), "f32"), _weights(rng, (M, K), dtype, K ** -0.5)
+    return Case("linear", d, (x, w), _out((T, M)), _only_out,
+                nbytes=M * K * _wb(dtype) + 4 * T * (K + M), flops=2 * T * K * M, tol=(1e-3, 1e-3))
+
+
+def _attention(d, dtype, rng):
+    """Decode: B sequences with C cached tokens each, one query token per sequence."""
+    B, C, Hq, G, D = d["B"], d["C"], d["Hq"], d["G"], d["D"]
+    q = _weights(rng, (B, Hq, D), "f32")
+    k_cache, v_cache = _weights(rng, (B * C, G, D), dtype), _weights(rng, (B * C, G, D), dtype)
+    slot_table = rng.permutation(B * C).astype(np.int32).reshape(B, C)
+    tok_seq, tok_pos = np.arange(B, dtype=np.int32), np.full(B, C - 1, np.int32)
+    return Case("attention", d, (q, k_cache, v_cache, slot_table, tok_seq, tok_pos, D ** -0.5),
+                _out((B, Hq, D)), _only_out,
+                nbytes=2 * B * C * G * D * _wb(dtype) + 8 * B * Hq * D + 4 * B * C,
+                flops=4 * B * Hq * C * D, tol=(1e-4, 1e-3))
+
+
+def _experts(d, dtype, rng):
+    T, H, I, S, k = d["T"], d["H"], d["I"], d["S"], d["k"]
+    x = _weights(rng, (T, H), "f32")
+    ids = np.stack([rng.permutation(S)[:k] for _ in range(T)]).astype(np.int32)
+    ids[0, -1] = -1                                   # a CPU-routed entry contributes nothing
+    w = rng.random((T, k), dtype=np.float32)
+    gate_up, down = _weights(rng, (S, 2 * I, H), dtype, H ** -0.5), _weights(rng, (S, H, I), dtype, I ** -0.5)
+    used = np.unique(ids[ids >= 0]).size
+    return Case("experts", d, (x, ids, w, gate_up, down), _out((T, H)), _only_out,
+                nbytes=used * 3 * I * H * _wb(dtype) + 8 * T * H,
+                flops=6 * int((ids >= 0).sum()) * I * H, tol=(1e-3, 1e-3))
+
+
+OPS = {  # op -> (default dims, builder)
+    "embedding": (dict(T=64, H=2048, V=8192), _embedding),
+    "rms_norm": (dict(R=64, H=2048), _rms_norm),
+    "add_rms_norm": (dict(R=64, H=2048), _add_rms_norm),
+    "rope": (dict(T=64, nh=32, D=128, R=128), _rope),
+    "kv_write": (dict(T=64, G=4, D=128, N=4096), _kv_write),
+    "router": (dict(T=64, E=128, k=8), _router),
+    "sampling": (dict(B=8, V=151936), _sampling),
+    "linear": (dict(T=4, K=2048, M=4096), _linear),
+    "attention": (dict(B=4, C=1024, Hq=32, G=4, D=128), _attention),
+    "experts": (dict(T=4, H=2048, I=768, S=16, k=8), _experts),
+}
+
+
+def build(op: str, dims: dict | None = None, dtype: str = "bf16", rng=None) -> Case:
+    """A fresh Case; ``dims`` override the op's defaults by name (unknown names raise)."""
+    defaults, builder = OPS[op]
+    unknown = set(dims or ()) - set(defaults)
+    if unknown:
+        raise ValueError(f"{op}: unknown dims {sorted(unknown)}; expected {sorted(defaults)}")
+    return builder({**defaults, **(dims or {})}, dtype, rng or np.random.default_rng(0))
+
+
+def run(fn, case: Case, xp):
+    """Call ``fn`` on fresh copies of the inputs (``xp`` arrays) and a fresh ``out``; returns
+    (inputs, out) so ``case.results`` can pick the written arrays."""
+    ins = tuple(xp.array(a) if isinstance(a, np.ndarray) else a for a in case.inputs)
+    out = case.make_out(xp) if case.make_out else None
+    fn(*ins, out) if out is not None else fn(*ins)
+    return ins, out
+
+
+def to_host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)

@@ -1,0 +1,41 @@
+"""rms_norm.gpu vs ref on the device at awkward sizes, in place too; outputs poisoned with NaN."""
+import numpy as np
+import pytest
+
+from freetoken.kernels import rms_norm
+from freetoken.kernels._bf16 import from_f32
+from tests.helpers import assert_close
+
+pytestmark = pytest.mark.gpu
+CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (5, 1000), (2, 4096), (1, 7)]
+
+
+def _inputs(R, H, dtype):
+    rng = np.random.default_rng(R * 1000 + H)
+    x = (rng.standard_normal((R, H)) * 3).astype(np.float32)
+    w = rng.standard_normal(H).astype(np.float32)
+    return x, (from_f32(w) if dtype == "bf16" else w)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("R,H", CASES, ids=[f"R{r}-H{h}" for r, h in CASES])
+def test_gpu_matches_ref(R, H, dtype):
+    import cupy as cp
+    x, w = _inputs(R, H, dtype)
+    out = cp.full((R, H), np.nan, cp.float32)
+    assert rms_norm.gpu(cp.asarray(x), cp.asarray(w), 1e-6, out) is out
+    assert_close(f"rms_norm gpu R{R} H{H}", rms_norm.ref(x, w, 1e-6), out.get(), 1e-5, 1e-5)
+
+
+def test_gpu_in_place():
+    import cupy as cp
+    x, w = _inputs(9, 128, "bf16")
+    xd = cp.asarray(x)
+    rms_norm.gpu(xd, cp.asarray(w), 1e-5, xd)
+    assert_close("rms_norm gpu in place", rms_norm.ref(x, w, 1e-5), xd.get(), 1e-5, 1e-5)
+
+
+def test_gpu_zero_rows_launch_nothing():
+    import cupy as cp
+    out = cp.empty((0, 64), cp.float32)
+    rms_norm.gpu(cp.empty((0, 64), cp.float32), cp.ones(64, cp.float32), 1e-6, out)

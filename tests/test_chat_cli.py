@@ -1,0 +1,90 @@
+"""`python -m freetoken chat` driven through a pseudo-terminal: answers, streams, resets, and
+Ctrl-C stops a reply without leaving or leaking KV slots."""
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "you> "
+KV = re.compile(r"KV pool: (\d+) slots, (\d+) free, (\d+) cached prefix tokens \((\d+) locked\), "
+                r"(-?\d+) held by requests")
+
+
+def spawn(*flags):
+    child = pexpect.spawn(sys.executable, ["-m", "freetoken", "chat", "--seed", "1", *flags],
+                          cwd=str(ROOT), encoding="utf-8", timeout=20, dimensions=(50, 200))
+    child.expect_exact(PROMPT, timeout=60)          # first start may load cached numba kernels
+    return child
+
+
+def kv_stats(child):
+    child.sendline("/stats")
+    child.expect(KV)
+    numbers = [int(g) for g in child.match.groups()]
+    child.expect_exact(PROMPT)
+    return numbers
+
+
+def test_chat_answers_reports_and_resets():
+    child = spawn("--max-tokens", "24", "--temperature", "0")
+    try:
+        child.sendline("Write Python code.")
+        child.expect(r"\[(\d+) tokens, \d+ tok/s, finish (stop|length)\]")
+        reply = child.before
+        assert "def" in reply or "class" in reply, reply
+        assert 1 <= int(child.match.group(1)) <= 24
+        child.expect_exact(PROMPT)
+        child.sendline("/stats")
+        child.expect(r"total: hits (\d+) misses (\d+)")
+        assert int(child.match.group(1)) + int(child.match.group(2)) > 0
+        child.expect(r"conversation: 2 messages")
+        child.expect_exact(PROMPT)
+        child.sendline("/reset")
+        child.expect_exact("[new conversation]")
+        child.expect_exact(PROMPT)
+        child.sendline("/stats")
+        child.expect(r"conversation: 0 messages")
+        child.expect_exact(PROMPT)
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_stops_a_streaming_reply_and_frees_its_slots():
+    child = spawn("--max-tokens", "2000", "--ignore-eos")
+    try:
+        child.sendline("Write Python code.")
+        child.expect(r"\S{4}")                       # the reply has started
+        seen = len(child.before) + len(child.after)
+        time.sleep(0.5)
+        more = child.read_nonblocking(100000, timeout=5)
+        assert len(more) > 0 and "[stopped]" not in more   # still streaming, text keeps arriving
+        child.sendintr()
+        child.expect_exact("[stopped]", timeout=10)
+        child.expect_exact(PROMPT)
+        slots, free, cached, locked, held = kv_stats(child)
+        assert (held, locked) == (0, 0) and free + cached == slots, (seen, free, cached)
+        child.sendline("/reset")
+        child.expect_exact(PROMPT)
+        child.sendeof()                              # Ctrl-D at the prompt leaves
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_at_the_prompt_leaves():
+    child = spawn()
+    try:
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

@@ -1,0 +1,55 @@
+"""``python -m freetoken kernel OP --check/--bench`` on a machine without a GPU: the cpu version
+runs against ref, the report says so, and a mismatch is reported with its index."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from freetoken.cli import main
+from freetoken.commands.kernel import compare, parse_dims
+
+
+def test_module_entry_point_checks_rms_norm():
+    proc = subprocess.run([sys.executable, "-m", "freetoken", "kernel", "rms_norm", "--check",
+                           "--shape", "R=3,H=96", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rms_norm [R=3 H=96] dtype bf16: rms_norm.cpu" in proc.stdout
+    assert "PASS out: max abs" in proc.stdout
+
+
+@pytest.mark.parametrize("op,shape,dtype", [
+    ("embedding", "T=5,H=64,V=100", "bf16"),
+    ("add_rms_norm", "R=3,H=33", "f32"),
+    ("kv_write", "T=3,G=2,D=16,N=9", "bf16"),
+    ("router", "T=3,E=40,k=4", "f32"),
+    ("sampling", "B=5,V=1000", "f32"),
+])
+def test_check_passes_on_cpu(op, shape, dtype, capsys):
+    assert main(["kernel", op, "--check", "--shape", shape, "--dtype", dtype]) == 0
+    out = capsys.readouterr().out
+    assert f"{op}.cpu" in out and "PASS" in out and "FAIL" not in out
+
+
+def test_bench_reports_time_and_bandwidth(capsys):
+    assert main(["kernel", "rms_norm", "--bench", "--shape", "R=4,H=64", "--iters", "3",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "us/call" in out and "GB/s" in out and "PASS" not in out   # --bench alone: no check
+
+
+def test_bad_shape_is_an_error():
+    assert main(["kernel", "rms_norm", "--shape", "Q=3"]) == 1
+    with pytest.raises(ValueError):
+        parse_dims("T=x")
+
+
+def test_compare_reports_worst_index():
+    ref = np.zeros((3, 4), np.float32)
+    got = ref.copy()
+    got[2, 1] = 0.5
+    line, ok = compare("y", ref, got, 1e-3, 1e-3)
+    assert not ok and "max abs 0.5 at (2, 1)" in line
+    line, ok = compare("ids", np.arange(4, dtype=np.int32), np.array([0, 1, 5, 3], np.int32), 0, 0)
+    assert not ok and "1 of 4 differ; first at (2,): ref 2, got 5" in line
