@@ -16,8 +16,12 @@ Policies, all at the same total number of slots S (a percentage of all L*E exper
 Miss rate = misses / routed, both in distinct experts per layer-step, over the part of the trace
 after --warmup (every policy sees the warm-up part first; static learns from it).
 
+With --trace (repeatable), the recorded traces are replayed next to synthetic traces of the first
+one's shape (L, E, k), at each --rho, unless --no-synthetic.
+
   .venv/bin/python bench/lru_replay.py                      # synthetic traces, < 60 s
-  .venv/bin/python bench/lru_replay.py --trace demo.npz --out r.json --plot r.png
+  .venv/bin/python bench/lru_replay.py --trace bench/traces/demo_code.npz \
+      --trace bench/traces/demo_chat.npz --out r.json --plot r.png
 """
 from __future__ import annotations
 
@@ -170,20 +174,39 @@ POLICIES = {"global-lru": global_lru, "per-layer-lru": per_layer_lru, "static": 
             "belady": belady, "belady-bypass": belady_bypass}
 
 
-def default_traces(args):
-    return [synthetic_trace(args.layers, args.experts, args.top_k, args.steps, rho=rho,
-                            zipf_s=args.zipf, seed=args.seed) for rho in args.rho]
+def synthetic_traces(args, like=None):
+    """Synthetic traces at each --rho, of the shape of trace `like` if given, else of the flags."""
+    L, E, k = ((like.num_layers, like.num_experts, like.top_k) if like is not None
+               else (args.layers, args.experts, args.top_k))
+    return [synthetic_trace(L, E, k, args.steps, rho=rho, zipf_s=args.zipf, seed=args.seed)
+            for rho in args.rho]
+
+
+def all_traces(args):
+    recorded = [load_trace(p) for p in args.trace]
+    if args.no_synthetic and recorded:
+        return recorded
+    return recorded + synthetic_traces(args, recorded[0] if recorded else None)
+
+
+def per_layer_shared(trace) -> list[float]:
+    """Experts shared with the previous token per layer: the recorder's per-sequence numbers
+    (meta "locality", bench/record_traces.py) when present, else over the whole trace."""
+    if "locality" in trace.meta:
+        return [float(r["shared"]) for r in trace.meta["locality"]]
+    return shared_consecutive(trace).tolist()
 
 
 def describe(trace) -> tuple[str, str]:
     """A short name and a one-line description of the trace (shape, length, locality)."""
     m = trace.meta
     name = (f"synthetic rho={m['rho']:g} zipf={m['zipf_s']:g}" if m.get("source") == "synthetic"
-            else m.get("model") or "recorded")
-    shared = shared_consecutive(trace).mean()
-    return name, (f"L={trace.num_layers} E={trace.num_experts} k={trace.top_k}, "
-                  f"{trace.num_layer_steps()} layer-steps, shares {shared:.2f} of {trace.top_k} "
-                  f"experts with the previous step")
+            else f"{m.get('model') or 'recorded'}: {m.get('workload', 'recorded')}")
+    shared = per_layer_shared(trace)
+    k, E = trace.top_k, trace.num_experts
+    return name, (f"L={trace.num_layers} E={E} k={k}, {trace.num_layer_steps()} layer-steps; "
+                  f"shared with the previous token per layer "
+                  f"{' '.join(f'{v:.2f}' for v in shared)} (uniform {k * k / E:.2f})")
 
 
 def print_table(title, rows):
@@ -199,8 +222,12 @@ def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    for ax, res in zip(axes[0], results):
+    cols = min(3, len(results))
+    rows_ = -(-len(results) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(5.5 * cols, 4.2 * rows_), squeeze=False)
+    for ax in axes.flat[len(results):]:
+        ax.axis("off")
+    for ax, res in zip(axes.flat, results):
         rows = res["rows"]
         for name in [k for k in rows[0] if k not in ("capacity_pct", "slots")]:
             pts = [(r["capacity_pct"], r[name]) for r in rows if r[name] is not None]
@@ -208,7 +235,7 @@ def plot(results, path):
         ax.set(title=f"{res['name']}\n{res['detail']}", ylabel="miss rate",
                xlabel="cache capacity (% of L*E experts)",
                ylim=(0, 1.02))
-        ax.title.set_fontsize(7)
+        ax.title.set_fontsize(6)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
@@ -218,6 +245,7 @@ def plot(results, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trace", action="append", default=[], help="routing trace .npz (repeatable)")
+    ap.add_argument("--no-synthetic", action="store_true", help="with --trace: replay only those")
     ap.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.3, 0.7],
                     help="synthetic traces: probability of keeping an expert from the previous step")
     ap.add_argument("--zipf", type=float, default=0.8, help="synthetic traces: Zipf exponent")
@@ -234,12 +262,13 @@ def main(argv=None):
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--plot", help="write a PNG of miss rate vs capacity here")
     args = ap.parse_args(argv)
-    traces = [load_trace(p) for p in args.trace] or default_traces(args)
+    traces = all_traces(args)
     results, t0 = [], time.perf_counter()
     for trace in traces:
         rows = replay(trace, args.capacities, args.warmup, args.phi, args.min_fill)
         name, detail = describe(trace)
-        results.append({"name": name, "detail": detail, "meta": trace.meta, "rows": rows})
+        results.append({"name": name, "detail": detail, "meta": trace.meta,
+                        "shared_per_layer": per_layer_shared(trace), "rows": rows})
         print_table(f"{name} ({detail})", rows)
     print(f"\n{time.perf_counter() - t0:.1f} s; miss rate over the last {1 - args.warmup:.0%} "
           f"of each trace; per-layer-lru n/a: a layer's share of slots < one step's experts")

@@ -1,9 +1,9 @@
 // gemv_common.cuh -- weight loads, warp row-dot products and the shared-memory GEMM tile used by
 // linear.cu, experts.cu and attention.cu.
-// Weights arrive as bf16 bits (u16 from common.cuh) or f32 and are widened to f32 on load; all accumulation is f32. Work is done in 8-element chunks:
-// one 16-byte load of bf16, two of f32. Vector paths need K % 8 == 0 and 16-byte aligned rows
-// (checked here at run time, since a contiguous view may start at an odd offset); every other
-// case takes a scalar path, so any K is correct.
+// Weights arrive as bf16 bits (u16) or f32 and are widened to f32 on load; all accumulation is
+// f32. Work is done in 8-element chunks: one 16-byte load of bf16, two of f32. Vector paths
+// need K % 8 == 0 and 16-byte aligned rows (checked at run time, since a contiguous view may
+// start at an odd offset); every other case takes a scalar path, so any K is correct.
 #pragma once
 #include "common.cuh"
 

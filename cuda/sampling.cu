@@ -20,7 +20,9 @@
 // was checked against sampling.ref in numpy before it was written in CUDA.
 // Numerics: the products z * (1/T) are rounded like numpy's (no FMA contraction); masses are
 // fp32 block-tree sums where ref uses sequential cumsums, so a uniform within ~1e-6 of a CDF
-// step may pick the neighbouring token. min_p > 1 is treated as 1 (the top token always stays).
+// step may pick the neighbouring token. CuPy compiles with -ftz=true, so an e below 2^-126
+// (a scaled logit ~87 under the max) counts as probability 0, where ref keeps a vanishing mass.
+// min_p > 1 is treated as 1 (the top token always stays).
 #include "common.cuh"
 
 #define ONE_BITS 0x3f800000u  // bits of 1.0f, the largest e

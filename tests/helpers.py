@@ -1,4 +1,5 @@
-"""Shared test helpers: ``assert_close`` reports where two arrays disagree, not just that they do."""
+"""Shared test helpers: ``assert_close`` reports where two arrays disagree, not only that they
+do."""
 import numpy as np
 
 

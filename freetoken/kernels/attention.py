@@ -90,3 +90,121 @@ def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
     _attention(split_x(q, k_rows), k_rows, v_rows, slot_table, tok_seq, tok_pos,
                np.float32(scale), out)
     return out
+
+
+# --- gpu (cuda/attention.cu) --------------------------------------------------------------------
+
+THREADS = 128            # ATT_THREADS in attention.cu
+TARGET_BLOCKS = 264      # decode split-K: about two blocks per SM of a 132-SM H100/H200
+MAX_CHUNK = 1024         # most positions per decode chunk: bounds one block's serial work
+SMEM_FLOATS = 12 * 1024  # 48 KiB, the dynamic shared memory a launch gets without an opt-in
+
+
+def _inputs(w):
+    return ("q:f32*", f"k_cache:{w}", f"v_cache:{w}", "slot_table:i32*", "tok_seq:i32*",
+            "tok_pos:i32*", "scale:f32")
+
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    **{f"attention_decode_{tag}": (*_inputs(w), "part_o:f32*", "part_ml:f32*", "Hq:i32", "G:i32",
+                                   "D:i32", "C:i32", "CH:i32", "nch:i32")
+       for tag, w in (("bf16", "u16*"), ("f32", "f32*"))},
+    **{f"attention_prefill_{tag}": (*_inputs(w), "out:f32*", "T:i32", "Hq:i32", "G:i32", "D:i32",
+                                    "C:i32")
+       for tag, w in (("bf16", "u16*"), ("f32", "f32*"))},
+    "attention_decode_reduce_f32": ("part_o:f32*", "part_ml:f32*", "tok_pos:i32*", "out:f32*",
+                                    "Hq:i32", "D:i32", "CH:i32", "nch:i32"),
+}
+_SCRATCH: dict = {}  # device id -> grow-only list of byte buffers (see _scratch)
+
+
+def _scratch(like, nbytes: int):
+    """Device bytes for one call's temporaries. Grow-only and never freed: a CUDA graph keeps
+    the address it captured, and calls on one stream never overlap, so all calls share the newest
+    buffer; power-of-two sizes keep the total under twice the largest. A numpy ``like`` gets
+    host bytes (the wrapper dry runs of the tests)."""
+    if isinstance(like, np.ndarray):
+        return np.empty(nbytes, np.uint8)
+    import cupy
+    bufs = _SCRATCH.setdefault(cupy.cuda.Device().id, [])
+    if not bufs or bufs[-1].nbytes < nbytes:
+        bufs.append(cupy.empty(1 << max(nbytes - 1, 0).bit_length(), cupy.uint8))
+    return bufs[-1]
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // 256) * 256
+
+
+def scratch_bytes(T: int, Hq: int, D: int, nch: int) -> int:
+    """Bytes of decode partials for T tokens split into nch chunks (see _decode)."""
+    return _align(4 * T * Hq * nch * D) + _align(8 * T * Hq * nch)
+
+
+def _decode_chunk(T, G, C, rep, D):
+    """Positions per split-K chunk: enough chunks for TARGET_BLOCKS blocks, a multiple of 32,
+    and small enough that the group's queries, scores and slots fit in shared memory."""
+    most = min(MAX_CHUNK, (SMEM_FLOATS - rep * D) // (rep + 1) // 32 * 32)
+    assert most >= 32, f"attention: {rep} heads per kv group x D {D} overflow the decode kernel"
+    per = -(-C // -(-TARGET_BLOCKS // (T * G)))            # C / wanted chunks, rounded up
+    return max(32, min(most, -(-per // 32) * 32))
+
+
+def _decode(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+    T, Hq, D = q.shape
+    G, C = k_cache.shape[1], slot_table.shape[1]
+    rep = Hq // G
+    CH = _decode_chunk(T, G, C, rep, D)
+    nch = -(-C // CH)
+    buf = _scratch(q, scratch_bytes(T, Hq, D, nch))
+    at = _align(4 * T * Hq * nch * D)
+    part_o = buf[:4 * T * Hq * nch * D].view(np.float32)               # [T,Hq,nch,D]
+    part_ml = buf[at:at + 8 * T * Hq * nch].view(np.float32)           # [T,Hq,nch,2]
+    entry = f"attention_decode_{tag}"
+    args = _cuda.bind(ARGS[entry], q=q, k_cache=k_cache, v_cache=v_cache, slot_table=slot_table,
+                      tok_seq=tok_seq, tok_pos=tok_pos, scale=scale, part_o=part_o,
+                      part_ml=part_ml, Hq=Hq, G=G, D=D, C=C, CH=CH, nch=nch)
+    _cuda.launch(_cuda.kernel("attention", entry), (nch, G, T), (THREADS,), args,
+                 shared_mem=4 * (rep * D + rep * CH + CH))
+    entry = "attention_decode_reduce_f32"
+    args = _cuda.bind(ARGS[entry], part_o=part_o, part_ml=part_ml, tok_pos=tok_pos, out=out,
+                      Hq=Hq, D=D, CH=CH, nch=nch)
+    _cuda.launch(_cuda.kernel("attention", entry), (Hq, T), (THREADS,), args)
+
+
+def _prefill(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+    T, Hq, D = q.shape
+    G, C = k_cache.shape[1], slot_table.shape[1]
+    BQ = 8 if D > 128 else 16  # query tokens per block: 4 warps x RPW rows in prefill_impl
+    entry = f"attention_prefill_{tag}"
+    args = _cuda.bind(ARGS[entry], q=q, k_cache=k_cache, v_cache=v_cache, slot_table=slot_table,
+                      tok_seq=tok_seq, tok_pos=tok_pos, scale=scale, out=out, T=T, Hq=Hq, G=G,
+                      D=D, C=C)
+    _cuda.launch(_cuda.kernel("attention", entry), (-(-T // BQ), Hq), (THREADS,), args,
+                 shared_mem=4 * D * (33 + BQ))   # K tile [D][33] + queries [BQ][D]
+
+
+def gpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,Hq,D] is required. One token per
+    sequence (T == B, as every scheduled row has >= 1 token): split-K decode kernel + reduce;
+    otherwise the prefill kernel. Both are correct for any layout: the choice is speed only.
+    No host synchronisation (capture-safe), so slots are checked only under FREETOKEN_KERNEL_DEBUG."""
+    from freetoken.env import flag
+    from freetoken.kernels import _cuda
+    T, Hq, D = q.shape
+    N, G, _ = k_cache.shape
+    B, C = slot_table.shape
+    assert k_cache.shape == v_cache.shape == (N, G, D) and k_cache.dtype == v_cache.dtype, \
+        (q.shape, k_cache.shape, v_cache.shape, v_cache.dtype)
+    assert Hq % G == 0 and 0 < D <= 256 and C > 0, (q.shape, k_cache.shape, slot_table.shape)
+    assert out.shape == (T, Hq, D) and tok_seq.shape == tok_pos.shape == (T,), \
+        (out.shape, tok_seq.shape, tok_pos.shape)
+    if T == 0:
+        return out
+    if flag("KERNEL_DEBUG"):   # synchronises: never inside a graph capture
+        _check(q, k_cache, *(a.get() if hasattr(a, "get") else a
+                             for a in (slot_table, tok_seq, tok_pos)))
+    run = _decode if T == B else _prefill
+    run(_cuda, _cuda.dtype_tag(k_cache), q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale,
+        out)
+    return out

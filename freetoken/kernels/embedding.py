@@ -1,4 +1,5 @@
-"""Token embedding gather, widened to fp32; pairs: cuda/embedding.cu, tests/kernels/test_embedding.py."""
+"""Token embedding gather, widened to fp32; pairs: cuda/embedding.cu,
+tests/kernels/test_embedding.py."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32

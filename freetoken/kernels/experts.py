@@ -1,17 +1,18 @@
 """Routed SwiGLU experts; pairs: cuda/experts.cu, tests/kernels/test_experts.py,
 bench/kernels/experts_cpu.py.
 
-out[t] = sum_j weights[t,j] * down[e] @ (silu(g) * u), g, u = split(gate_up[e] @ x[t]), e = ids[t,j];
-ids < 0 contribute nothing, duplicate ids in a row both count, ``out`` is overwritten.
+out[t] = sum_j weights[t,j] * down[e] @ (silu(g) * u) with g, u = split(gate_up[e] @ x[t]) and
+e = ids[t,j]; ids < 0 contribute nothing, duplicate ids in a row both count, and ``out`` is
+overwritten.
 """
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
-from freetoken.kernels._numba import (HOT, SERIAL, dots, njit, prange, split_x, weight_rows,
-                                      widen_into)
+from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, weight_rows
+from freetoken.kernels.linear import widen_rows
 
-ROWS = 32       # rows per parallel work item: amortises per-item costs, still >= 8 items per thread at 16
-BLAS_MIN_T = 24  # from this many tokens, widen each expert once and let BLAS do the GEMMs
+ROWS = 32            # rows per parallel work item: amortises per-item costs, >= 8 items per thread
+BLAS_MIN_PAIRS = 32  # from this many tokens per expert (mean), widen experts once and use BLAS
 
 
 def _silu(g):
@@ -163,14 +164,11 @@ def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
 
 
 def _as_f32(w, buf):
-    if w.dtype == np.float32:
-        return w
-    widen_into(w, buf)
-    return buf
+    return w if w.dtype == np.float32 else widen_rows(w, buf)
 
 
 def cpu(x, ids, weights, gate_up, down, out=None):
-    """Same contract as ``ref``; numba GEMVs for few tokens, per-expert BLAS for many."""
+    """Same contract as ``ref``; numba GEMVs for few tokens per expert, BLAS for many."""
     x = np.ascontiguousarray(x, np.float32)
     T, H = x.shape
     assert gate_up.shape[2] == H and down.shape[1] == H and gate_up.shape[1] == 2 * down.shape[2]
@@ -179,4 +177,108 @@ def cpu(x, ids, weights, gate_up, down, out=None):
         out = np.empty((T, H), np.float32)
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32),
                  gate_up.shape[0])
-    return (_gemv if T < BLAS_MIN_T else _blas)(x, gate_up, down, *plan, out)
+    many = plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0])
+    return (_blas if many else _gemv)(x, gate_up, down, *plan, out)
+
+
+# --- gpu (cuda/experts.cu) ----------------------------------------------------------------------
+
+GEMV_MAX_T = 16         # up to here a GEMV per routed pair (shared experts re-read from L2); above,
+                        # pairs are sorted by expert so each expert's weights stream once per tile
+TILE = 64               # TILE_T in cuda/gemv_common.cuh: pair rows of one GEMM tile
+PLAN_THREADS = 1024     # experts_plan_i32 is one block of this many threads
+MAX_TILE_BLOCKS = 1024  # GEMM grid.x: a block-strided loop covers the remaining tiles
+_W = (("bf16", "u16*"), ("f32", "f32*"))
+_PLAN = ("perm:i32*", "offs:i32*", "tile_expert:i32*", "tile_row:i32*", "n_tiles:i32*")
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    **{f"experts_gate_up_{t}": ("x:f32*", "ids:i32*", f"gate_up:{w}", "act:f32*", "k:i32",
+                                "H:i32", "I:i32", "S:i32") for t, w in _W},
+    **{f"experts_down_{t}": ("ids:i32*", "weights:f32*", f"down:{w}", "act:f32*", "out:f32*",
+                             "k:i32", "H:i32", "I:i32", "S:i32") for t, w in _W},
+    **{f"experts_gemm_gate_up_{t}": ("x:f32*", f"gate_up:{w}", *_PLAN, "act:f32*", "k:i32",
+                                     "H:i32", "I:i32") for t, w in _W},
+    **{f"experts_gemm_down_{t}": ("act:f32*", f"down:{w}", *_PLAN, "y:f32*", "H:i32", "I:i32")
+       for t, w in _W},
+    "experts_plan_i32": ("ids:i32*", "P:i32", "S:i32", "offs:i32*", "cursor:i32*", "perm:i32*",
+                         "tile_expert:i32*", "tile_row:i32*", "n_tiles:i32*"),
+    "experts_combine_f32": ("ids:i32*", "weights:f32*", "y:f32*", "out:f32*", "k:i32", "H:i32",
+                            "S:i32"),
+}
+
+
+def _layout(T, k, H, I, S):
+    """(name, dtype, count) of the device scratch for T tokens: decode needs act per pair;
+    prefill also the plan (sorted pairs, tile table) and each pair's down output y."""
+    P = T * k
+    if T <= GEMV_MAX_T:
+        return (("act", np.float32, P * I),)
+    tiles = -(-P // TILE) + min(S, P)  # each non-empty group adds at most one partial tile
+    return (("offs", np.int32, S + 1), ("cursor", np.int32, S), ("perm", np.int32, P),
+            ("tile_expert", np.int32, tiles), ("tile_row", np.int32, tiles),
+            ("n_tiles", np.int32, 1), ("act", np.float32, P * I), ("y", np.float32, P * H))
+
+
+def scratch_bytes(T: int, k: int, H: int, I: int, S: int) -> int:
+    from freetoken.kernels.attention import _align
+    return sum(_align(4 * n) for _, _, n in _layout(T, k, H, I, S))
+
+
+def _carve(like, layout) -> dict:
+    # one shared grow-only scratch pool for all ops (attention._scratch; it belongs in _cuda.py)
+    from freetoken.kernels.attention import _align, _scratch
+    buf, views, at = _scratch(like, sum(_align(4 * n) for _, _, n in layout)), {}, 0
+    for name, dtype, n in layout:
+        views[name] = buf[at:at + 4 * n].view(dtype)
+        at += _align(4 * n)
+    return views
+
+
+def _decode(_cuda, tag, x, ids, weights, gate_up, down, out, part, k, H, I, S):
+    T, e = x.shape[0], f"experts_gate_up_{tag}"
+    _cuda.launch(_cuda.kernel("experts", e), (-(-I // 4), T * k), (128,), _cuda.bind(
+        ARGS[e], x=x, ids=ids, gate_up=gate_up, act=part["act"], k=k, H=H, I=I, S=S))
+    e = f"experts_down_{tag}"
+    _cuda.launch(_cuda.kernel("experts", e), (-(-H // 4), T), (128,), _cuda.bind(
+        ARGS[e], ids=ids, weights=weights, down=down, act=part["act"], out=out, k=k, H=H, I=I,
+        S=S))
+
+
+def _prefill(_cuda, tag, x, ids, weights, gate_up, down, out, part, k, H, I, S):
+    T = x.shape[0]
+    plan = {name: part[name] for name in ("perm", "offs", "tile_expert", "tile_row", "n_tiles")}
+    e = "experts_plan_i32"
+    _cuda.launch(_cuda.kernel("experts", e), (1,), (PLAN_THREADS,), _cuda.bind(
+        ARGS[e], ids=ids, P=T * k, S=S, cursor=part["cursor"], **plan))
+    blocks = min(part["tile_row"].size, MAX_TILE_BLOCKS)
+    e = f"experts_gemm_gate_up_{tag}"
+    _cuda.launch(_cuda.kernel("experts", e), (blocks, -(-I // TILE)), (256,), _cuda.bind(
+        ARGS[e], x=x, gate_up=gate_up, act=part["act"], k=k, H=H, I=I, **plan))
+    e = f"experts_gemm_down_{tag}"
+    _cuda.launch(_cuda.kernel("experts", e), (blocks, -(-H // TILE)), (256,), _cuda.bind(
+        ARGS[e], act=part["act"], down=down, y=part["y"], H=H, I=I, **plan))
+    e = "experts_combine_f32"
+    _cuda.launch(_cuda.kernel("experts", e), (-(-H // 128), T), (128,), _cuda.bind(
+        ARGS[e], ids=ids, weights=weights, y=part["y"], out=out, k=k, H=H, S=S))
+
+
+def gpu(x, ids, weights, gate_up, down, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,H] is required. T <= 16: grouped
+    GEMV over the routed pairs; more: on-device counting sort by expert, then tiled GEMMs. Ids
+    outside [0, S) are masked in-kernel (their scratch rows are never read). No host sync, so
+    capture-safe; the one allocation is the shared grow-only scratch (scratch_bytes())."""
+    from freetoken.env import flag
+    from freetoken.kernels import _cuda
+    T, H = x.shape
+    S, I, k = down.shape[0], down.shape[2], ids.shape[1]
+    assert gate_up.shape == (S, 2 * I, H) and down.shape == (S, H, I), (gate_up.shape, down.shape)
+    assert gate_up.dtype == down.dtype, (gate_up.dtype, down.dtype)
+    assert ids.shape == weights.shape == (T, k) and out.shape == (T, H), \
+        (x.shape, ids.shape, weights.shape, out.shape)
+    if T == 0:
+        return out
+    if flag("KERNEL_DEBUG") and int(ids.max()) >= S:   # synchronises: never inside a capture
+        raise IndexError("experts: expert id out of range")
+    part = _carve(x, _layout(T, k, H, I, S))
+    run = _decode if T <= GEMV_MAX_T else _prefill
+    run(_cuda, _cuda.dtype_tag(gate_up), x, ids, weights, gate_up, down, out, part, k, H, I, S)
+    return out

@@ -3,10 +3,11 @@ tests/kernels/test_linear.py, bench/kernels/experts_cpu.py (its linear rows)."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
-from freetoken.kernels._numba import HOT, dots, njit, prange, split_x, weight_rows, widen_into
+from freetoken.kernels._numba import (HOT, SERIAL, dot, dots, from_bits, njit, prange, split_x,
+                                      weight_rows)
 
-ROWS = 32            # weight rows per parallel work item
-BLAS_MIN_T = 16      # from this many tokens, widened fp32 blocks + BLAS beat the row GEMV
+ROWS = 32              # weight rows per parallel work item (a multiple of 4: see dot_rows4)
+BLAS_MIN_T = 32        # from this many tokens, widened fp32 blocks + BLAS beat the row GEMV
 BLOCK_BYTES = 4 << 20  # fp32 bytes of one widened weight block: stays in the last-level cache
 
 
@@ -34,6 +35,86 @@ def _gemv(xs, w, toks, out):
                 out[t, m] = r[t]
 
 
+# ---- single-token row dots over several memory streams -----------------------------------------
+# One token's GEMV is a pure weight stream. Reading one row per loop (dots/dot) left a core at about
+# 65% of its read bandwidth on the 2-core dev box; reading 2-4 rows in one loop, each far from the
+# others (different 4 KiB pages), keeps more misses in flight: +25-55% per thread (measured with
+# bench-like shapes, H 1024, bf16). Rows next to each other in one loop were 2x slower, so the
+# rows of a block of ROWS are taken ROWS/4 apart. bf16-pair rows only (the layouts of _numba).
+
+@njit(inline="always", **SERIAL)
+def dot_rows2(xs, w0, w1):
+    """(dot(xs, w0), dot(xs, w1)) for bf16-pair rows u32[K/2] and one activation xs f32[2,K/2]."""
+    xe, xo = xs[0], xs[1]
+    a0 = b0 = a1 = b1 = np.float32(0.0)
+    for i in range(w0.shape[0]):
+        p, q = w0[i], w1[i]
+        a0 += xe[i] * from_bits(p << np.uint32(16))
+        b0 += xo[i] * from_bits(p & np.uint32(0xFFFF0000))
+        a1 += xe[i] * from_bits(q << np.uint32(16))
+        b1 += xo[i] * from_bits(q & np.uint32(0xFFFF0000))
+    return a0 + b0, a1 + b1
+
+
+@njit(inline="always", **SERIAL)
+def dot_rows4(xs, w0, w1, w2, w3):
+    """Four rows at once, as dot_rows2."""
+    xe, xo = xs[0], xs[1]
+    a0 = b0 = a1 = b1 = a2 = b2 = a3 = b3 = np.float32(0.0)
+    for i in range(w0.shape[0]):
+        p, q, r, s = w0[i], w1[i], w2[i], w3[i]
+        e, o = xe[i], xo[i]
+        a0 += e * from_bits(p << np.uint32(16))
+        b0 += o * from_bits(p & np.uint32(0xFFFF0000))
+        a1 += e * from_bits(q << np.uint32(16))
+        b1 += o * from_bits(q & np.uint32(0xFFFF0000))
+        a2 += e * from_bits(r << np.uint32(16))
+        b2 += o * from_bits(r & np.uint32(0xFFFF0000))
+        a3 += e * from_bits(s << np.uint32(16))
+        b3 += o * from_bits(s & np.uint32(0xFFFF0000))
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@njit(inline="always", **SERIAL)
+def rows_block4(xt, w, r0, r1, out):
+    """out[r] = dot(xt, w[r]) for r in [r0, r1): a full block of ROWS rows as four streams ROWS/4
+    rows apart, a partial block row by row. xt f32[2,K/2], w u32[M,K/2], out f32[M] (any strides)."""
+    if r1 - r0 == ROWS:
+        q = ROWS // 4
+        for r in range(r0, r0 + q):
+            out[r], out[r + q], out[r + 2 * q], out[r + 3 * q] = dot_rows4(
+                xt, w[r], w[r + q], w[r + 2 * q], w[r + 3 * q])
+    else:
+        for r in range(r0, r1):
+            out[r] = dot(xt, w[r])
+
+
+@njit(**HOT)
+def _gemv_pairs(xs, w, toks, out):
+    """_gemv for bf16-pair rows (w u32[M,K/2], xs f32[T,2,K/2]): tokens in fours share each row
+    (dots); the T % 4 left over read their rows as four streams (rows_block4)."""
+    T = xs.shape[0]
+    M = w.shape[0]
+    T4 = T // 4 * 4
+    for b in prange((M + ROWS - 1) // ROWS):
+        m0, m1 = b * ROWS, min(b * ROWS + ROWS, M)
+        if T4:
+            r = np.empty(T4, np.float32)
+            for m in range(m0, m1):
+                dots(xs, toks[:T4], w[m], r)
+                for t in range(T4):
+                    out[t, m] = r[t]
+        for t in range(T4, T):
+            rows_block4(xs[t], w, m0, m1, out[t])
+
+
+def widen_rows(w, buf):
+    """buf f32[R,K] = bf16 bits w [R,K] (numpy, one thread: inside numba's pool the widening
+    and BLAS's own thread pool would take turns spinning on the same cores)."""
+    np.left_shift(w, 16, out=buf.view(np.uint32), dtype=np.uint32)
+    return buf
+
+
 def _blas(x, w, out):
     """Many tokens: widen a block of weight rows to fp32 at a time and let BLAS multiply."""
     M, K = w.shape
@@ -44,8 +125,7 @@ def _blas(x, w, out):
     buf = np.empty((rows, K), np.float32)
     for m0 in range(0, M, rows):
         m1 = min(M, m0 + rows)
-        widen_into(w[m0:m1], buf[:m1 - m0])
-        out[:, m0:m1] = x @ buf[:m1 - m0].T
+        out[:, m0:m1] = x @ widen_rows(w[m0:m1], buf[:m1 - m0]).T
     return out
 
 
@@ -60,5 +140,33 @@ def cpu(x, w, out=None):
     if T >= BLAS_MIN_T:
         return _blas(x, w, out)
     rows = weight_rows(w)
-    _gemv(split_x(x, rows), rows, np.arange(T, dtype=np.int32), out)
+    gemv = _gemv_pairs if rows.dtype == np.uint32 else _gemv
+    gemv(split_x(x, rows), rows, np.arange(T, dtype=np.int32), out)
+    return out
+
+
+# --- gpu (cuda/linear.cu) -----------------------------------------------------------------------
+
+GEMV_MAX_T = 8  # linear_gemv has unrolled instances for 1..8 tokens; more take the tiled GEMM
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    f"linear_{algo}_{tag}": ("x:f32*", f"w:{w}", "y:f32*", "T:i32", "K:i32", "M:i32")
+    for algo in ("gemv", "gemm") for tag, w in (("bf16", "u16*"), ("f32", "f32*"))
+}
+
+
+def gpu(x, w, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,M] is required. T <= 8 (decode,
+    lm_head): a warp per weight row, read once for all tokens. More: 64x64 shared-memory tiles
+    with fp32 FMA, so activations are never rounded to bf16 (ref's numerics, not cuBLAS's)."""
+    from freetoken.kernels import _cuda
+    T, K = x.shape
+    M = w.shape[0]
+    assert w.shape == (M, K) and out.shape == (T, M), (x.shape, w.shape, out.shape)
+    if T == 0:
+        return out
+    gemv = T <= GEMV_MAX_T
+    entry = f"linear_{'gemv' if gemv else 'gemm'}_{_cuda.dtype_tag(w)}"
+    args = _cuda.bind(ARGS[entry], x=x, w=w, y=out, T=T, K=K, M=M)
+    grid = (-(-M // 4),) if gemv else (-(-M // 64), -(-T // 64))
+    _cuda.launch(_cuda.kernel("linear", entry), grid, (128 if gemv else 256,), args)
     return out

@@ -25,10 +25,12 @@ def routing(rng, T, S, k):
     return ids, w
 
 
+@pytest.mark.parametrize("path", ["gemv", "blas"])
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
-@pytest.mark.parametrize("T", [1, 3, 7, 33])              # 33 takes the BLAS path
-@pytest.mark.parametrize("H,I", [(96, 40), (200, 72), (96, 33)])   # I 33: bf16 down rows of odd length
-def test_cpu_matches_ref(T, H, I, dtype):
+@pytest.mark.parametrize("T", [1, 3, 7, 33])
+@pytest.mark.parametrize("H,I", [(96, 40), (200, 72), (96, 33)])   # 33: odd bf16 down rows
+def test_cpu_matches_ref(T, H, I, dtype, path, monkeypatch):
+    monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 0 if path == "blas" else 1 << 30)
     rng = np.random.default_rng(T * H + I)
     S, k = 9, 4
     gate_up, down = banks(rng, S, H, I, dtype)

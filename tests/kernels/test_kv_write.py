@@ -1,4 +1,5 @@
-"""kv_write: cpu vs ref bitwise (bf16 rounding to nearest even, fp32 caches), other slots untouched."""
+"""kv_write: cpu vs ref bitwise (bf16 rounding to nearest even, fp32 caches); other slots stay
+untouched."""
 import numpy as np
 import pytest
 

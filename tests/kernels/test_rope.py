@@ -1,4 +1,5 @@
-"""rope: ref against a complex rotation, cpu vs ref (head dims, long positions, partial, in place)."""
+"""rope: ref against a complex rotation; cpu vs ref (head dims, long positions, partial rotary,
+in place)."""
 import numpy as np
 import pytest
 

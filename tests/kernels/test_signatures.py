@@ -11,8 +11,9 @@ import pytest
 import freetoken.kernels as kernels_pkg
 from freetoken.kernels import _cuda, cases
 
-ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+'
-                   r'(\w+)\s*\(([^)]*)\)', re.S)
+BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s+)?"      # allowed before or after `void`
+ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+' + BOUNDS + r"void\s+" + BOUNDS +
+                   r"(\w+)\s*\(([^)]*)\)", re.S)
 C_TYPES = {  # C parameter type (const and __restrict__ dropped) -> ARGS type tag
     "float*": "f32*", "u16*": "u16*", "unsigned short*": "u16*", "int*": "i32*",
     "u32*": "u32*", "unsigned int*": "u32*", "long long*": "i64*", "unsigned char*": "u8*",

@@ -125,9 +125,12 @@ CASES = {
 def send(client, request):
     """Send one case with an httpx client; returns the response."""
     method, path, body, *headers = request
+    # One connection per case: after an error the server may close a kept-alive connection
+    # (e.g. a body it refused to read), and a pooled client would then reuse a dead socket.
+    headers = {**(headers[0] if headers else {}), "Connection": "close"}
     if isinstance(body, bytes):
-        return client.request(method, path, content=body, headers=headers[0] if headers else None)
-    return client.request(method, path, json=body)
+        return client.request(method, path, content=body, headers=headers)
+    return client.request(method, path, json=body, headers=headers)
 
 
 def check_error_shape(response, path: str) -> None:

@@ -1,0 +1,146 @@
+"""The CPU branch of a device MoE layer call (DESIGN §5.2 hybrid, §5.4): the (token, expert) pairs
+the residency step left at -1 run on the CPU from the host pool while the GPU runs the rest.
+
+Per call, on the compute stream: x, the CPU ids and the weights are copied to pinned staging
+buffers and an event is recorded (``stage``). The host waits for that event only after it has
+enqueued the GPU's own work, so the GPU computes its hits and fills meanwhile; the CPU op then
+runs (on the executor's worker thread, or inline on the caller's thread), and its partial sum is
+copied back and added to the GPU's output on the compute stream (``finish``). A call whose pairs
+all got a slot costs the copy and the event wait, no hand-off and no merge.
+
+Staging buffers are shared by all layers (one set per token count): safe because layer l's merge
+copy is enqueued before layer l+1's staging copy, whose event the host waits for before the CPU
+writes the buffers again (upstream pitfall 9).
+
+Shape legend: T tokens, H hidden, k routed.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from freetoken.moe.executor import CpuExecutor
+
+HANDOFF_MODES = ("thread", "inline")
+# "thread" (the executor's worker, DESIGN §5.4) is the default; "inline" runs the op on the calling
+# thread, which overlaps the GPU just as well (its work is already enqueued) without the queue
+# hand-off. `measure_handoff` times both; switch the default only on a measurement.
+HANDOFF_MODE = "thread"
+
+
+class CpuBranch:
+    """Stages, runs and merges the CPU share of MoE layer calls; `dev` is a device (moe/device.py)."""
+
+    def __init__(self, dev, cpu_op, threads: int = 0, mode: str = HANDOFF_MODE):
+        if mode not in HANDOFF_MODES:
+            raise ValueError(f"CPU hand-off mode {mode!r}; expected one of {HANDOFF_MODES}")
+        self.dev, self._op, self.mode = dev, cpu_op, mode
+        self.executor = CpuExecutor(cpu_op, threads) if mode == "thread" else None
+        self._staged = dev.event()
+        self._bufs: dict[tuple, tuple] = {}
+        self.calls = 0                   # layer calls that had CPU work (after the early exit)
+
+    def _buffers(self, T: int, H: int, k: int) -> tuple:
+        key = (T, H, k)
+        if key not in self._bufs:
+            d = self.dev
+            self._bufs[key] = (d.pinned((T, H), np.float32), d.pinned((T, k), np.int32),
+                               d.pinned((T, k), np.float32), d.pinned((T, H), np.float32),
+                               d.xp.empty((T, H), np.float32))
+        return self._bufs[key]
+
+    def stage(self, x, cpu_ids, weights) -> tuple:
+        """Enqueue x f32[T,H], cpu_ids int32[T,k] (-1: not on the CPU), weights f32[T,k] -> pinned."""
+        bufs = self._buffers(x.shape[0], x.shape[1], cpu_ids.shape[1])
+        for dst, src in zip(bufs[:3], (x, cpu_ids, weights)):
+            self.dev.d2h(dst, self.dev.xp.ascontiguousarray(src))
+        self.dev.record(self._staged)
+        return bufs
+
+    def finish(self, bufs: tuple, bank, out) -> bool:
+        """Wait for the staging copy, run the CPU pairs on bank (gate_up, down), add into out
+        f32[T,H] on the compute stream. False (nothing done) when no pair is on the CPU."""
+        self.dev.synchronize(self._staged)
+        if not (bufs[1] >= 0).any():
+            return False
+        self.compute(bufs, bank)
+        self.merge(bufs, out)
+        return True
+
+    def run_all(self, x, ids, weights, bank):
+        """Every pair on the CPU (the cpu backend): f32[T,H] on the device."""
+        bufs = self.stage(x, ids, weights)
+        self.dev.synchronize(self._staged)
+        self.compute(bufs, bank)
+        out = self.dev.xp.empty(x.shape, np.float32)
+        self.dev.h2d(out, bufs[3])
+        return out
+
+    def compute(self, bufs: tuple, bank) -> None:
+        x_h, ids_h, w_h, out_h, _ = bufs
+        self.calls += 1
+        if self.executor is None:
+            self._op(x_h, ids_h, w_h, bank[0], bank[1], out_h)
+            return
+        self.executor.submit(x_h, ids_h, w_h, bank[0], bank[1], out_h)
+        self.executor.wait()
+
+    def merge(self, bufs: tuple, out) -> None:
+        partial = bufs[4]
+        self.dev.h2d(partial, bufs[3])
+        out += partial
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+
+
+def _zero_work(x, ids, weights, gate_up, down, out=None):
+    out[...] = 0.0                       # T*H floats: noise next to the hand-off being timed
+    return out
+
+
+def measure_handoff(dev=None, tokens: int = 1, hidden: int = 2048, top_k: int = 8,
+                    iters: int = 200, modes=HANDOFF_MODES) -> dict:
+    """Per-layer cost of the CPU branch's hand-off with a zero-work experts op, in microseconds
+    (medians): stage (D2H + event wait), handoff (submit + wait, or the inline call), merge (H2D +
+    add, until done), total. `dev` defaults to the GPU when there is one, else the host."""
+    if dev is None:
+        dev = _default_device()
+    xp, result = dev.xp, {"device": dev.name, "tokens": tokens, "hidden": hidden, "top_k": top_k}
+    x = xp.zeros((tokens, hidden), np.float32)
+    ids = xp.zeros((tokens, top_k), np.int32)          # every pair on the CPU: never the early exit
+    w = xp.ones((tokens, top_k), np.float32)
+    out = xp.zeros((tokens, hidden), np.float32)
+    bank = (np.zeros((1, 2, hidden), np.uint16), np.zeros((1, hidden, 1), np.uint16))
+    done = dev.event()
+    for mode in modes:
+        branch = CpuBranch(dev, _zero_work, mode=mode)
+        try:
+            samples = [_time_once(branch, dev, done, x, ids, w, bank, out) for _ in range(iters + 10)]
+        finally:
+            branch.close()
+        med = np.median(np.asarray(samples[10:]), axis=0) * 1e6
+        result[mode] = {k: round(float(v), 1) for k, v in zip(("stage_us", "handoff_us", "merge_us"), med)}
+        result[mode]["total_us"] = round(float(med.sum()), 1)
+    return result
+
+
+def _time_once(branch, dev, done, x, ids, w, bank, out) -> tuple:
+    t0 = time.perf_counter()
+    bufs = branch.stage(x, ids, w)
+    dev.synchronize(branch._staged)
+    t1 = time.perf_counter()
+    branch.compute(bufs, bank)
+    t2 = time.perf_counter()
+    branch.merge(bufs, out)
+    dev.record(done)
+    dev.synchronize(done)
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def _default_device():
+    from freetoken.backend import cuda_unavailable_reason
+    from freetoken.moe.device import CudaDevice, HostDevice
+    return HostDevice() if cuda_unavailable_reason() else CudaDevice()

@@ -1,0 +1,184 @@
+"""The device MoE runtime (gpu_runtime.py) on the host stand-in device: the same orchestration code
+the GPU runs (residency, fill plan, CPU branch, prefill buffers, rebuild), checked in CI against
+the host runtime (runtime.py) and the fused backend."""
+import numpy as np
+import pytest
+from moe_helpers import E, H, I, K, L, engine, model_config, np_experts, random_banks, random_routing
+
+from freetoken.moe.cpu_branch import measure_handoff
+from freetoken.moe.device import HostDevice
+from freetoken.moe.gpu_runtime import GpuMoERuntime, build_gpu_moe
+from freetoken.moe.host_pool import HostPool
+from freetoken.moe.runtime import build_moe
+from freetoken.moe.split import FetchPolicy
+
+VARIANTS = {
+    "offload-small": ("offload", dict(moe_cache_size=5)),      # S < E: prefill in groups
+    "offload-mid": ("offload", dict(moe_cache_size=11)),       # E <= S < 2E: one group
+    "offload-big": ("offload", dict(moe_cache_size=20)),       # S >= 2E: double buffering
+    "hybrid-phi0.3": ("hybrid", dict(moe_cache_size=6, moe_fetch_fraction=0.3)),
+    "hybrid-phi0-big": ("hybrid", dict(moe_cache_size=17, moe_fetch_fraction=0.0)),
+    "hybrid-cap1": ("hybrid", dict(moe_cache_size=18, moe_hybrid_max_fetch=1, moe_min_fill=1)),
+    "cpu": ("cpu", {}),
+    "fused": ("fused", {}),
+}
+
+
+def workload(rng, steps=30, prefill_every=10):
+    calls = []
+    for step in range(steps):
+        prefill = step % prefill_every == 0
+        T = int(rng.integers(3, 7)) if prefill else int(rng.integers(1, 3))
+        for j in range(L):
+            ids, w = random_routing(rng, T, E, K)
+            calls.append((j, rng.standard_normal((T, H), np.float32), ids, w, prefill))
+    return calls
+
+
+def build(name, banks, logs=None, **kw):
+    backend, opts = VARIANTS[name]
+    sink = logs.append if logs is not None else (lambda m: None)
+    return build_gpu_moe(model_config(), banks, engine(moe_backend=backend, **opts), np_experts,
+                         sink, backend=backend, dev=HostDevice(), cpu_op=np_experts, **kw)
+
+
+def run(rt, calls):
+    outs = []
+    for j, x, ids, w, prefill in calls:
+        before = ids.copy()
+        outs.append(rt.forward(j, x, ids, w, prefill=prefill))
+        assert np.array_equal(ids, before), "forward must not modify the caller's ids"
+    return outs
+
+
+@pytest.fixture(scope="module")
+def setup():
+    rng = np.random.default_rng(11)
+    banks = random_banks(rng, L, E, H, I)
+    calls = workload(rng)
+    with build_moe(model_config(), banks, engine(moe_backend="fused"), np_experts, lambda m: None) as rt:
+        return banks, calls, run(rt, calls)
+
+
+@pytest.mark.parametrize("handoff", ["thread", "inline"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_matches_fused(setup, name, handoff):
+    banks, calls, want = setup
+    with build(name, banks, handoff=handoff) as rt:
+        got = run(rt, calls)
+        stats = rt.stats()
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    tot = stats["total"]
+    assert tot["fills"] + tot["cpu_execs"] == tot["misses"] and tot["hits"] + tot["misses"] > 0
+    assert stats["prefill_calls"] == 3 * L
+    assert stats["prefill_overlap"] == (name in ("offload-big", "hybrid-phi0-big", "hybrid-cap1", "cpu"))
+
+
+@pytest.mark.parametrize("name", ["offload-mid", "hybrid-phi0.3", "hybrid-cap1"])
+def test_decode_counters_match_host_runtime(setup, name):
+    """Without prefill, the device runtime's residency is the spec's: same counters."""
+    banks, calls, _ = setup
+    decode = [c for c in calls if not c[4]]
+    backend, opts = VARIANTS[name]
+    with build(name, banks) as rt, build_moe(model_config(), banks, engine(moe_backend=backend, **opts),
+                                             np_experts, lambda m: None) as ref:
+        run(rt, decode)
+        run(ref, decode)
+        assert rt.stats()["total"] == ref.stats()["total"]
+
+
+def test_prefill_borrows_and_invalidates_slots(setup):
+    banks, calls, _ = setup
+    with build("offload-big", banks) as rt:
+        run(rt, [c for c in calls if not c[4]][:12])
+        snap = rt.res.snapshot()
+        assert (snap["owner_of"][:2 * E] >= 0).any()
+        j, x, ids, w, _ = calls[0]
+        rt.forward(0, x, ids, w, prefill=True)
+        snap = rt.res.snapshot()
+        assert (snap["owner_of"][:2 * E] == -1).all() and (snap["usage"][:2 * E] == 0).all()
+        assert not ((snap["slot_for"] >= 0) & (snap["slot_for"] < 2 * E)).any()
+        assert rt.streamer.loads == 2              # layer 0 and, ahead of time, layer 1
+
+
+def test_prefill_copies_resident_experts_device_to_device(setup):
+    banks, calls, _ = setup
+    with build("offload-big", banks) as rt:
+        rt.res.step(1, np.array([[2, 5]], np.int32), np.empty((1, 2), np.int32), FetchPolicy.fetch_all())
+        rt.res.invalidate(0, 2 * E)
+        rt.res.cache.slot_for[1, 5] = 19           # pretend expert 5 of layer 1 lives in slot 19
+        rt.res.cache.owner_of[19] = 1 * E + 5
+        rt.pool[0][19] = 12345
+        rt.streamer._begin = lambda: None           # keep the hand-made residency as it is
+        rt.streamer._prefetch(1)
+        assert (rt.pool[0][E + 5] == 12345).all()   # buffer 1, position 5: from the slot
+        np.testing.assert_array_equal(rt.pool[0][E + 2], banks[1][0][2])   # from the host pool
+
+
+def test_disabled_overlap_and_small_cache_are_logged(setup):
+    banks, calls, want = setup
+    logs = []
+    with build("offload-big", banks, logs) as rt:
+        assert rt.streamer.overlap and not any("WARN" in m for m in logs)
+    host = HostPool.pageable(banks)
+    with GpuMoERuntime("offload", host, HostDevice(), np_experts, np_experts,
+                       policy=FetchPolicy.fetch_all(), num_slots=20, disable_overlap=True,
+                       log=logs.append) as rt:
+        assert not rt.streamer.overlap
+        assert any("overlap disabled" in m for m in logs)
+        for a, b in zip(run(rt, calls), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    build("offload-small", banks, logs).close()
+    assert any(m.startswith("WARN") and "2E = 16" in m for m in logs)
+
+
+def test_rebuild_resizes_and_starts_cold(setup):
+    banks, calls, want = setup
+    logs = []
+    with build("hybrid-phi0.3", banks, logs) as rt:
+        run(rt, calls[:9])
+        rt.rebuild(20)
+        assert rt.num_slots == 20 and rt.pool[0].shape[0] == 20 and rt.streamer.overlap
+        assert rt.stats()["total"]["hits"] == 0 and rt.stats()["prefill_calls"] == 0
+        for a, b in zip(run(rt, calls), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with build("cpu", banks) as rt, pytest.raises(ValueError, match="no expert cache"):
+        rt.rebuild(10)
+
+
+def test_unpinned_pool_falls_back_to_cpu(setup):
+    """A device that needs pinned memory, and pinning fails (no GPU here): WARN and the cpu backend."""
+    banks, calls, want = setup
+
+    class NeedsPinning(HostDevice):
+        needs_pinning = True
+
+    logs = []
+    rt = build_gpu_moe(model_config(), banks, engine(moe_backend="hybrid", moe_cache_size=6), np_experts,
+                       logs.append, backend="hybrid", dev=NeedsPinning(), cpu_op=np_experts)
+    with rt:
+        assert rt.backend == "cpu" and not rt.host.pinned and rt.streamer is None
+        for a, b in zip(run(rt, calls), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert any(m.startswith("WARN") and "pinning the host expert pool" in m for m in logs)
+    assert any(m.startswith("WARN") and "falling back to --moe-backend cpu" in m for m in logs)
+
+
+def test_config_errors_come_before_pinning(setup):
+    banks, _, _ = setup
+    with pytest.raises(ValueError, match="too small"):
+        build_gpu_moe(model_config(), banks, engine(moe_backend="offload", moe_cache_size=1), np_experts,
+                      backend="offload", dev=HostDevice())
+    with pytest.raises(ValueError, match="expert banks"):
+        build_gpu_moe(model_config(), banks[:2], engine(), np_experts, backend="cpu", dev=HostDevice())
+
+
+def test_measure_handoff_on_host():
+    r = measure_handoff(HostDevice(), tokens=1, hidden=64, top_k=4, iters=30)
+    assert r["device"] == "host"
+    for mode in ("thread", "inline"):
+        parts = r[mode]
+        assert set(parts) == {"stage_us", "handoff_us", "merge_us", "total_us"}
+        assert all(v >= 0 for v in parts.values())
+    assert r["inline"]["handoff_us"] <= r["thread"]["handoff_us"] + 50
