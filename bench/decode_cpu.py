@@ -200,12 +200,14 @@ def machine() -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="demo,synth:medium",
-                    help="comma list: 'demo' (the packaged model), a directory, or synth:NAME")
+                    help="comma list: 'demo' (the packaged model), a directory, or synth:NAME; "
+                         "MODEL@BACKEND overrides --moe-backend for that entry (e.g. synth:medium@fused)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens (random ids)")
     ap.add_argument("--decode", type=int, default=128, help="generated tokens per run")
     ap.add_argument("--threads", type=int, default=0, help="numba threads (0: numba's default)")
-    ap.add_argument("--moe-backend", default="auto", help="EngineConfig.moe_backend")
+    ap.add_argument("--moe-backend", default="auto",
+                    help="EngineConfig.moe_backend (auto: cpu without a GPU, experts on the executor thread)")
     ap.add_argument("--profile", action="store_true", help="per-op breakdown of one decode run per model")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode_cpu.json"))
     args = ap.parse_args(argv)
@@ -219,9 +221,10 @@ def main(argv=None):
     models = {}
     for spec in args.models.split(","):
         spec = spec.strip()
+        model, _, moe_backend = spec.partition("@")
         t0 = time.perf_counter()
-        llm = LLM(model=None if spec == "demo" else spec, backend="cpu", max_running_requests=1,
-                  moe_backend=args.moe_backend, moe_cpu_threads=threads)
+        llm = LLM(model=None if model == "demo" else model, backend="cpu", max_running_requests=1,
+                  moe_backend=moe_backend or args.moe_backend, moe_cpu_threads=threads)
         cfg = llm.core.model_config
         rng = np.random.default_rng(0)
         vocab = min(cfg.vocab_size, llm.tokenizer.vocab_size)

@@ -37,6 +37,7 @@ BENCHES=(
   "linear|60|$KERNEL linear --check --bench --iters 200"
   "attention decode|60|$KERNEL attention --check --bench --iters 200"
   "experts decode|60|$KERNEL experts --check --bench --iters 200"
+  "moe backends (gpu_moe)|200|$PY bench/gpu_moe.py --out $LOGS/gpu_moe.json"
 )
 
 elapsed() { echo $((SECONDS - START)); }

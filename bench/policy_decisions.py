@@ -41,7 +41,8 @@ PHIS = sorted({round(bp / bh, 3) for bp, bh in split_model.TABLE1} | {0.1, 0.25}
 VARIANTS = (("fill0/recency", 0, "recency"), ("fill1/recency", 1, "recency"),
             ("fill0/lowest_id", 0, "lowest_id"), ("fill1/lowest_id", 1, "lowest_id"))
 T_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-QWEN3 = dict(name="qwen3-30b-a3b shape (synthetic)", experts=128, top_k=8)
+QWEN3 = dict(name="qwen3-30b-a3b", layers=48, experts=128, top_k=8)
+MACHINES = [(f"Table 1 #{i + 1}", round(bp / bh, 3)) for i, (bp, bh) in enumerate(split_model.TABLE1)]
 
 
 def slots_for(rate, L, E, k):
@@ -50,9 +51,8 @@ def slots_for(rate, L, E, k):
 
 def replay_mq(steps, L, E, S, policy, start):
     """Misses m and fills q of every layer-step from `start` on (int64 arrays), and the miss rate."""
-    cache = SlotCache(L, E, S)
+    cache, m, q, hits = SlotCache(L, E, S), [], [], 0
     mc, hc = cache.counters["misses"], cache.counters["hits"]
-    m, q, hits = [], [], 0
     for i, (j, ids) in enumerate(steps):
         before, hit = int(mc[j]), int(hc[j])
         fills = cache.step(j, ids.copy(), policy)
@@ -192,14 +192,15 @@ def window_cost(ids, E, S, R, usage, phi, n_c, rng):
     return max(q / phi, work), split_model.t_shared(q, q + work, phi, 1.0), stream
 
 
-def threshold_rows(model, trace, rates, n_c, windows, seed):
-    """(c): per phi and cache rate, mean costs per T and the threshold T* of both models."""
+def threshold_rows(model, trace, num_layers, n_c, windows, seed):
+    """(c): per phi and cache rate, mean costs per T and the threshold T* of both models; the
+    cache has the slots of `num_layers` layers (the windows come from the trace's layers)."""
     L, E, k = trace.num_layers, trace.num_experts, trace.top_k
     usage = [np.bincount(trace.ids[trace.layer == j].ravel(), minlength=E) for j in range(L)]
     rows = []
-    for rate in rates:
-        S = slots_for(rate, L, E, k)
-        R = int(round(S / L))
+    for rate in RATES:
+        S = slots_for(rate, num_layers, E, k)
+        R = int(round(S / num_layers))
         for phi in PHIS:
             rng, costs = np.random.default_rng(seed), {}
             for T in T_GRID:
@@ -215,14 +216,42 @@ def threshold_rows(model, trace, rates, n_c, windows, seed):
 
 
 def print_thresholds(rows):
-    print("\n(c) prefill threshold T*: smallest T at which streaming the layer beats the decode "
-          "path (independent / shared-DRAM; '>N' = never up to the longest window)")
-    for r in rows:
-        t = r["threshold"]
-        top = max(r["costs"]) if r["costs"] else 0
-        cell = "/".join(str(v) if v else f">{top}" for v in t.values())
-        print(f"  {r['model']:<36} cache {r['rate']:>4.0%} (R={r['resident_per_layer']:>3}/layer) "
-              f"phi {r['phi']:.3f}: T* {cell}")
+    print("\n(c) prefill threshold T*: the smallest prompt chunk (tokens) from which streaming whole "
+          "layers beats the decode path; independent/shared-DRAM model; >N: not up to N")
+    cols = list(dict.fromkeys((r["model"], r["rate"]) for r in rows))
+    index = {(r["model"], r["rate"], r["phi"]): r for r in rows}
+    print(f"{'machine':>12} {'phi':>5} " + " ".join(f"{m[:6] + ' ' + format(rt, '.0%'):>11}" for m, rt in cols))
+    names = dict((phi, name) for name, phi in MACHINES)
+    for phi in PHIS:
+        cells = []
+        for model, rate in cols:
+            r = index[(model, rate, phi)]
+            top = max(r["costs"]) if r["costs"] else 0
+            cells.append("/".join(str(v) if v else f">{top}" for v in r["threshold"].values()))
+        print(f"{names.get(phi, ''):>12} {phi:>5.3f} " + " ".join(f"{c:>11}" for c in cells))
+
+
+def run_fill(traces, warmup):
+    rows = decide_fill(traces, warmup)
+    print_fill(rows)
+    summary = {"min_fill_1_vs_0": compare(rows, "fill0/recency", "fill1/recency"),
+               "lowest_id_vs_recency": compare(rows, "fill0/recency", "fill0/lowest_id"),
+               "lowest_id_vs_recency_fill1": compare(rows, "fill1/recency", "fill1/lowest_id")}
+    for key, val in summary.items():
+        print(f"  {key}: " + "; ".join(f"{m} geomean {v['geomean']:.4f} [{v['min']:.3f}, {v['max']:.3f}]"
+              f" better in {v['alt_better']}/{v['cells']}, worse in {v['alt_worse']}" for m, v in val.items()))
+    return rows, summary
+
+
+def run_thresholds(code, prefill, n_c, windows, seed):
+    zipf, rho = calibrate(code, 1200, seed)
+    synth = synthetic_trace(4, QWEN3["experts"], QWEN3["top_k"], 1200, rho=rho, zipf_s=zipf, seed=seed)
+    print(f"\nsynthetic routing calibrated to demo_code: zipf_s {zipf}, rho {rho} "
+          f"(shared {shared_consecutive(synth).mean():.2f} of 8 at E 128, uniform 0.50)")
+    rows = (threshold_rows("demo", prefill, prefill.num_layers, n_c, windows, seed)
+            + threshold_rows(QWEN3["name"], synth, QWEN3["layers"], n_c, windows, seed))
+    print_thresholds(rows)
+    return {"zipf_s": zipf, "rho": rho}, rows
 
 
 def main(argv=None):
@@ -230,8 +259,8 @@ def main(argv=None):
     ap.add_argument("--traces", default=str(HERE / "traces"))
     ap.add_argument("--warmup", type=float, default=0.25)
     ap.add_argument("--windows", type=int, default=200, help="prefill windows per T")
-    ap.add_argument("--n-c", type=float, help="skip the CPU measurement: tokens per expert at "
-                    "which the CPU kernel turns compute-bound")
+    ap.add_argument("--n-c", type=float, help="skip measuring n_c (tokens per expert from which "
+                    "the CPU kernel is compute-bound)")
     ap.add_argument("--b-h", type=float, help="skip measuring B_H (GB/s, demo expert shape)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the results as JSON here")
@@ -240,47 +269,28 @@ def main(argv=None):
     traces = {n: load_trace(d / f"{n}.npz") for n in ("demo_code", "demo_chat")}
     prefill = load_trace(d / "demo_prefill.npz")
     measured = measure_here(args)
-    fill_rows = decide_fill(traces, args.warmup)
-    print_fill(fill_rows)
-    summary = {"min_fill_1_vs_0": compare(fill_rows, "fill0/recency", "fill1/recency"),
-               "lowest_id_vs_recency": compare(fill_rows, "fill0/recency", "fill0/lowest_id"),
-               "lowest_id_vs_recency_fill1": compare(fill_rows, "fill1/recency", "fill1/lowest_id")}
-    for key, val in summary.items():
-        print(f"  {key}: " + "; ".join(f"{m} geomean {v['geomean']:.4f} [{v['min']:.3f}, {v['max']:.3f}]"
-                                       f" better in {v['alt_better']}/{v['cells']}, worse in "
-                                       f"{v['alt_worse']}" for m, v in val.items()))
-    zipf, rho = calibrate(traces["demo_code"], 1200, args.seed)
-    synth = synthetic_trace(4, QWEN3["experts"], QWEN3["top_k"], 1200, rho=rho, zipf_s=zipf, seed=args.seed)
-    print(f"\nsynthetic routing calibrated to demo_code: zipf_s {zipf}, rho {rho} "
-          f"(shared {shared_consecutive(synth).mean():.2f} of 8 at E 128, uniform 0.50)")
-    t_rows = (threshold_rows("demo (tiny-coder-moe prefill calls)", prefill, RATES, measured["n_c"],
-                             args.windows, args.seed)
-              + threshold_rows(QWEN3["name"], synth, RATES, measured["n_c"], args.windows, args.seed))
-    print_thresholds(t_rows)
+    fill_rows, summary = run_fill(traces, args.warmup)
+    calibration, t_rows = run_thresholds(traces["demo_code"], prefill, measured["n_c"],
+                                         args.windows, args.seed)
     print(f"\n{time.perf_counter() - t0:.0f} s")
     if args.out:
         Path(args.out).write_text(json.dumps(
-            {"measured": measured, "phis": PHIS, "fill": fill_rows, "fill_summary": summary,
-             "calibration": {"zipf_s": zipf, "rho": rho}, "thresholds": t_rows}, indent=1))
+            {"measured": measured, "phis": PHIS, "machines": MACHINES, "fill": fill_rows,
+             "fill_summary": summary, "calibration": calibration, "thresholds": t_rows}, indent=1))
 
 
 def measure_here(args):
     """n_c from the CPU experts kernel (qwen3-30b-a3b expert shape) and B_H (demo expert shape)."""
-    cpu = open("/proc/cpuinfo").read()
-    model = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("model name")), "?")
-    out = {"cpu": model, "cores": len([ln for ln in cpu.splitlines() if ln.startswith("processor")])}
-    if args.n_c is None:
-        curve = measure_cpu_curve(2048, 768, 8, [1, 2, 4, 8, 12, 16, 32, 64], 384, 5)
-        out.update(cpu_curve=curve, n_c=fit_nc(curve))
-    else:
-        out["n_c"] = args.n_c
-    if args.b_h is None:
-        bh = split_model.measure_b_h(256, 128, 4, 384, 48, 0)
-        out["b_h_demo_gbs"], out["demo_expert_bytes"] = bh["b_h_gbs"], bh["expert_bytes"]
-    else:
-        out["b_h_demo_gbs"], out["demo_expert_bytes"] = args.b_h, 6 * 256 * 128
-    print(f"{model}, {out['cores']} cores: n_c {out['n_c']:.2f} tokens/expert "
-          f"(curve {out.get('cpu_curve')}), B_H {out['b_h_demo_gbs']:.2f} GB/s at the demo expert shape")
+    info = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
+    out = {"cpu": model, "cores": sum(ln.startswith("processor") for ln in info)}
+    curve = None if args.n_c else measure_cpu_curve(2048, 768, 8, [1, 2, 4, 8, 12, 16, 32, 64], 384, 5)
+    bh = ({"b_h_gbs": args.b_h, "expert_bytes": 6 * 256 * 128} if args.b_h
+          else split_model.measure_b_h(256, 128, 4, 384, 48, 0))
+    out.update(cpu_curve=curve, n_c=args.n_c or fit_nc(curve), b_h_demo_gbs=bh["b_h_gbs"],
+               demo_expert_bytes=bh["expert_bytes"], unit_us=bh["expert_bytes"] / bh["b_h_gbs"] / 1e3)
+    print(f"{model}, {out['cores']} cores: n_c {out['n_c']:.2f} tokens/expert (curve {curve}); "
+          f"B_H {out['b_h_demo_gbs']:.2f} GB/s at the demo expert shape: 1 unit = {out['unit_us']:.1f} us")
     return out
 
 

@@ -1,8 +1,8 @@
 // attention.cu -- causal GQA attention over the token-slot KV pool; fp32 dot products and softmax.
-// Wrapper: freetoken/kernels/attention.py (gpu)   Spec: attention.ref   Test: tests/kernels/test_gpu_attention.py
-// Token t (sequence s = tok_seq[t], position p = tok_pos[t]) attends to the rows at slots
-// slot_table[s, 0..p] (inclusive); query head h reads kv group g = h / (Hq/G), rep = Hq/G.
-// q, out f32[T,Hq,D]; k_cache, v_cache [N,G,D] bf16 bits or f32; slot_table i32[B,C].
+// Wrapper: freetoken/kernels/attention.py (gpu)   Spec: attention.ref
+// Test: tests/kernels/test_gpu_attention.py   Bench: bench/kernels/gpu_decode_kernels.py
+// Token t (sequence s = tok_seq[t], position p = tok_pos[t]) attends to slots slot_table[s, 0..p];
+// head h reads kv group g = h / rep, rep = Hq/G. q, out f32[T,Hq,D]; caches [N,G,D] bf16 or f32.
 //
 // attention_decode_*: grid (nch, G, T), block 128, dynamic smem (rep*D + rep*CH + CH) * 4 bytes.
 //   One block per (token, kv group, chunk of CH positions) serves all rep heads of the group, so
@@ -29,21 +29,16 @@ __device__ void decode_scores(const KV* kc, const float* sq, float* sp, const in
   const bool vec = (D & 7) == 0 && aligned16(kc);
   for (int j = threadIdx.x; j < len; j += ATT_THREADS) {
     const KV* krow = kc + ((size_t)sslot[j] * G + g) * D;
-    for (int h0 = 0; h0 < rep; h0 += 4) {
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int h0 = 0; h0 < rep; h0 += 4) {  // the K row is re-read per 4 heads, from L1
+      float acc[4] = {0.f, 0.f, 0.f, 0.f}, kv[8];
       for (int d = 0; d < D; d += 8) {
-        float kv[8];
         if (vec) load8(krow + d, kv);
         else load8_n(krow + d, D - d, kv);
-        const int nd = min(8, D - d);
 #pragma unroll
-        for (int hh = 0; hh < 4; ++hh) {
-          if (h0 + hh >= rep) break;
-          const float* qh = sq + (h0 + hh) * D + d;
+        for (int hh = 0; hh < 4; ++hh)
 #pragma unroll
           for (int i = 0; i < 8; ++i)
-            if (i < nd) acc[hh] += qh[i] * kv[i];
-        }
+            if (h0 + hh < rep && d + i < D) acc[hh] += sq[(h0 + hh) * D + d + i] * kv[i];
       }
       for (int hh = 0; hh < 4 && h0 + hh < rep; ++hh) sp[(h0 + hh) * CH + j] = acc[hh] * scale;
     }
@@ -59,17 +54,14 @@ __device__ void decode_softmax(float* sp, float* ml, int len, int rep, int CH, i
     for (int j = lane; j < len; j += 32) m = fmaxf(m, s[j]);
     m = warp_allmax(m);
     float l = 0.f;
-    for (int j = lane; j < len; j += 32) {
-      const float p = expf(s[j] - m);
-      s[j] = p;
-      l += p;
-    }
+    for (int j = lane; j < len; j += 32) s[j] = expf(s[j] - m), l += s[j];
     l = warp_sum(l);
     if (lane == 0) ml[(size_t)h * nch * 2] = m, ml[(size_t)h * nch * 2 + 1] = l;
   }
 }
 
-// o[h][d] = sum_j p[h][j] * v_j[d]; a thread per (h, d) output, consecutive threads -> consecutive d.
+// o[h][d] = sum_j p[h][j] * v_j[d]; a thread per (h, d) output, consecutive threads on
+// consecutive d (coalesced V reads; the rep heads re-read a row from L1).
 template <typename KV>
 __device__ void decode_values(const KV* vc, const float* sp, const int* sslot, int len, int rep,
                               int G, int g, int D, int CH, int nch, float* po) {
@@ -95,7 +87,8 @@ __device__ void decode_impl(const float* q, const KV* kc, const KV* vc, const in
   float* sp = sq + rep * D;                  // [rep][CH] scores, then probabilities
   int* sslot = (int*)(sp + rep * CH);        // [CH] KV slots of the chunk
   const int* row = slot_table + (size_t)tok_seq[t] * C + k0;
-  for (int i = threadIdx.x; i < rep * D; i += ATT_THREADS) sq[i] = q[((size_t)t * Hq + g * rep) * D + i];
+  const float* qg = q + ((size_t)t * Hq + g * rep) * D;  // the group's rep heads are adjacent
+  for (int i = threadIdx.x; i < rep * D; i += ATT_THREADS) sq[i] = qg[i];
   for (int j = threadIdx.x; j < len; j += ATT_THREADS) sslot[j] = row[j];
   __syncthreads();
   decode_scores(kc, sq, sp, sslot, len, rep, G, g, D, CH, scale);
@@ -124,27 +117,14 @@ extern "C" __global__ void attention_decode_reduce_f32(const float* part_o, cons
 }
 
 // ---------------------------------------------------------------- prefill (tiles of query tokens)
-// Distinct sequences of the tile's tokens, in order, with the keys each needs (max pos + 1).
-__device__ void group_tokens(const int* s_seq, const int* s_pos, int BQ, int* s_uniq,
-                             int* s_nkeys, int* s_nuniq) {
-  int nu = 0;
-  for (int r = 0; r < BQ; ++r) {
-    if (s_seq[r] < 0) continue;
-    int u = 0;
-    while (u < nu && s_uniq[u] != s_seq[r]) ++u;
-    if (u == nu) s_uniq[nu] = s_seq[r], s_nkeys[nu++] = 0;
-    s_nkeys[u] = max(s_nkeys[u], s_pos[r] + 1);
-  }
-  *s_nuniq = nu;
-}
-
-// One 32-key tile for the warp's RPW rows: lane = key for q.k, online-softmax update, lanes over
-// D for p.v. Rows of another sequence, and keys past a row's position, are skipped, not zeroed.
-template <typename KV, int EPL, int RPW>
-__device__ void prefill_tile(const float* sq, const float* sk, const int* s_seq, const int* s_pos,
-                             const int* s_slot, int seq, int j0, int nk, const KV* vc, int G, int g,
-                             int D, float scale, float (&m)[RPW], float (&l)[RPW],
-                             float (&acc)[RPW][EPL]) {
+// q.k for key j0+lane of the tile against the warp's RPW rows, then the online-softmax update
+// of each row: p[r] = exp(s - m_new) (0 for keys past the row's position), l and acc rescaled.
+// Rows of another sequence are left alone (warp-uniform test).
+template <int EPL, int RPW>
+__device__ void prefill_scores(const float* sq, const float* sk, const int* s_seq,
+                               const int* s_pos, int seq, int j0, int D, float scale,
+                               float (&m)[RPW], float (&l)[RPW], float (&acc)[RPW][EPL],
+                               float (&p)[RPW]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float s[RPW] = {};
   for (int d = 0; d < D; ++d) {
@@ -152,12 +132,11 @@ __device__ void prefill_tile(const float* sq, const float* sk, const int* s_seq,
 #pragma unroll
     for (int r = 0; r < RPW; ++r) s[r] += sq[(warp * RPW + r) * D + d] * kd;
   }
-  float p[RPW];
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int row = warp * RPW + r;
     p[r] = 0.f;
-    if (s_seq[row] != seq) continue;  // warp-uniform
+    if (s_seq[row] != seq) continue;
     const bool ok = j0 + lane <= s_pos[row];
     const float mnew = fmaxf(m[r], warp_allmax(ok ? s[r] * scale : neg_inf()));
     const float corr = expf(m[r] - mnew);  // m = -inf on the first tile: corr = 0, acc and l are 0
@@ -167,6 +146,15 @@ __device__ void prefill_tile(const float* sq, const float* sk, const int* s_seq,
 #pragma unroll
     for (int e = 0; e < EPL; ++e) acc[r][e] *= corr;
   }
+}
+
+// acc[r] += p_j * v_j over the tile's keys, lanes over D (lane + 32e); key j's probability comes
+// from lane j. Keys past a row's position and rows of another sequence are skipped, not zeroed.
+template <typename KV, int EPL, int RPW>
+__device__ void prefill_values(const KV* vc, const int* s_seq, const int* s_pos,
+                               const int* s_slot, int seq, int j0, int nk, int G, int g, int D,
+                               const float (&p)[RPW], float (&acc)[RPW][EPL]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kn = min(KEY_TILE, nk - j0);
   for (int jj = 0; jj < kn; ++jj) {
     const KV* vrow = vc + ((size_t)s_slot[jj] * G + g) * D;
@@ -184,6 +172,52 @@ __device__ void prefill_tile(const float* sq, const float* sk, const int* s_seq,
   }
 }
 
+// Stage keys j0..j0+31 of one sequence (row srow of slot_table): slots, then K transposed into
+// sk[d][j] (+1 column: the transposed writes and the lane-per-key reads are conflict-free).
+template <typename KV>
+__device__ void prefill_keys(const KV* kc, const int* srow, int j0, int nk, int G, int g, int D,
+                             float* sk, int* s_slot) {
+  const int tid = threadIdx.x;
+  __syncthreads();  // the previous tile's sk and s_slot are consumed
+  if (tid < KEY_TILE) s_slot[tid] = j0 + tid < nk ? srow[j0 + tid] : 0;
+  __syncthreads();
+  for (int i = tid; i < KEY_TILE * D; i += ATT_THREADS) {
+    const int jj = i / D, d = i - jj * D;
+    const bool ok = j0 + jj < nk;
+    sk[d * (KEY_TILE + 1) + jj] = ok ? to_f32(kc[((size_t)s_slot[jj] * G + g) * D + d]) : 0.f;
+  }
+  __syncthreads();
+}
+
+// Queries of tokens t0..t0+BQ-1 for head h (zeros past T), their sequences and positions (-1
+// past T), and the distinct sequences in order with the keys each needs (max position + 1).
+template <int BQ>
+__device__ void prefill_setup(const float* q, const int* tok_seq, const int* tok_pos, int T,
+                              int Hq, int h, int D, int t0, float* sq, int* s_seq, int* s_pos,
+                              int* s_uniq, int* s_nkeys, int* s_nuniq) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < BQ * D; i += ATT_THREADS) {
+    const int t = t0 + i / D;
+    sq[i] = t < T ? q[((size_t)t * Hq + h) * D + i % D] : 0.f;
+  }
+  if (tid < BQ) {
+    s_seq[tid] = t0 + tid < T ? tok_seq[t0 + tid] : -1;
+    s_pos[tid] = t0 + tid < T ? tok_pos[t0 + tid] : -1;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int nu = 0;
+    for (int r = 0; r < BQ; ++r) {
+      int u = 0;
+      while (u < nu && s_uniq[u] != s_seq[r]) ++u;
+      if (s_seq[r] >= 0 && u == nu) s_uniq[nu] = s_seq[r], s_nkeys[nu++] = 0;
+      if (s_seq[r] >= 0) s_nkeys[u] = max(s_nkeys[u], s_pos[r] + 1);
+    }
+    *s_nuniq = nu;
+  }
+  __syncthreads();
+}
+
 template <typename KV, int EPL>
 __device__ void prefill_impl(const float* q, const KV* kc, const KV* vc, const int* slot_table,
                              const int* tok_seq, const int* tok_pos, float scale, float* out,
@@ -193,43 +227,25 @@ __device__ void prefill_impl(const float* q, const KV* kc, const KV* vc, const i
   float* sk = smem;                        // [D][KEY_TILE+1] K tile, transposed
   float* sq = sk + D * (KEY_TILE + 1);     // [BQ][D] queries
   __shared__ int s_seq[BQ], s_pos[BQ], s_uniq[BQ], s_nkeys[BQ], s_nuniq, s_slot[KEY_TILE];
-  const int tid = threadIdx.x, h = blockIdx.y, g = h / (Hq / G), t0 = blockIdx.x * BQ;
-  for (int i = tid; i < BQ * D; i += ATT_THREADS) {
-    const int t = t0 + i / D;
-    sq[i] = t < T ? q[((size_t)t * Hq + h) * D + i % D] : 0.f;
-  }
-  if (tid < BQ) s_seq[tid] = t0 + tid < T ? tok_seq[t0 + tid] : -1;
-  if (tid < BQ) s_pos[tid] = t0 + tid < T ? tok_pos[t0 + tid] : -1;
-  __syncthreads();
-  if (tid == 0) group_tokens(s_seq, s_pos, BQ, s_uniq, s_nkeys, &s_nuniq);
-  __syncthreads();
-  float m[RPW], l[RPW], acc[RPW][EPL];
+  const int h = blockIdx.y, g = h / (Hq / G), t0 = blockIdx.x * BQ;
+  prefill_setup<BQ>(q, tok_seq, tok_pos, T, Hq, h, D, t0, sq, s_seq, s_pos, s_uniq, s_nkeys,
+                    &s_nuniq);
+  float m[RPW], l[RPW], acc[RPW][EPL] = {}, p[RPW];
 #pragma unroll
-  for (int r = 0; r < RPW; ++r) {
-    m[r] = neg_inf(), l[r] = 0.f;
-#pragma unroll
-    for (int e = 0; e < EPL; ++e) acc[r][e] = 0.f;
-  }
+  for (int r = 0; r < RPW; ++r) m[r] = neg_inf(), l[r] = 0.f;
   for (int u = 0; u < s_nuniq; ++u) {
     const int seq = s_uniq[u], nk = s_nkeys[u];
-    const int* srow = slot_table + (size_t)seq * C;
     for (int j0 = 0; j0 < nk; j0 += KEY_TILE) {
-      __syncthreads();  // the previous tile's sk and s_slot are consumed
-      if (tid < KEY_TILE) s_slot[tid] = j0 + tid < nk ? srow[j0 + tid] : 0;
-      __syncthreads();
-      for (int i = tid; i < KEY_TILE * D; i += ATT_THREADS) {
-        const int jj = i / D, d = i - jj * D;
-        sk[d * (KEY_TILE + 1) + jj] = j0 + jj < nk ? to_f32(kc[((size_t)s_slot[jj] * G + g) * D + d]) : 0.f;
-      }
-      __syncthreads();
-      prefill_tile<KV, EPL, RPW>(sq, sk, s_seq, s_pos, s_slot, seq, j0, nk, vc, G, g, D, scale, m, l, acc);
+      prefill_keys(kc, slot_table + (size_t)seq * C, j0, nk, G, g, D, sk, s_slot);
+      prefill_scores<EPL, RPW>(sq, sk, s_seq, s_pos, seq, j0, D, scale, m, l, acc, p);
+      prefill_values<KV, EPL, RPW>(vc, s_seq, s_pos, s_slot, seq, j0, nk, G, g, D, p, acc);
     }
   }
-  const int warp = tid >> 5, lane = tid & 31;
+  const int lane = threadIdx.x & 31, row0 = (threadIdx.x >> 5) * RPW;
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
-    const int t = t0 + warp * RPW + r;
     const float total = warp_allsum(l[r]);
+    const int t = t0 + row0 + r;
     if (t >= T) continue;
 #pragma unroll
     for (int e = 0; e < EPL; ++e)
@@ -238,19 +254,15 @@ __device__ void prefill_impl(const float* q, const KV* kc, const KV* vc, const i
 }
 
 // D is a run-time value: one instance per elements-per-lane count ceil(D/32) (registers acc[EPL]).
+#define PREFILL_CASE(n) \
+  case n: prefill_impl<KV, n>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
 template <typename KV>
 __device__ void prefill_dispatch(const float* q, const KV* kc, const KV* vc, const int* st,
                                  const int* ts, const int* tp, float scale, float* out, int T,
                                  int Hq, int G, int D, int C) {
   switch ((D + 31) / 32) {
-    case 1: prefill_impl<KV, 1>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
-    case 2: prefill_impl<KV, 2>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
-    case 3: prefill_impl<KV, 3>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
-    case 4: prefill_impl<KV, 4>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
-    case 5: prefill_impl<KV, 5>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
-    case 6: prefill_impl<KV, 6>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
-    case 7: prefill_impl<KV, 7>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
-    case 8: prefill_impl<KV, 8>(q, kc, vc, st, ts, tp, scale, out, T, Hq, G, D, C); break;
+    PREFILL_CASE(1) PREFILL_CASE(2) PREFILL_CASE(3) PREFILL_CASE(4)
+    PREFILL_CASE(5) PREFILL_CASE(6) PREFILL_CASE(7) PREFILL_CASE(8)
     default: break;  // the wrapper rejects D > 256
   }
 }

@@ -1,6 +1,7 @@
 // experts.cu -- routed SwiGLU experts over bf16 (or f32) banks, fp32 accumulation:
 //   out[t] = sum_j w[t,j] * down[e] @ (silu(g) * u),  g, u = split(gate_up[e] @ x[t]),  e = ids[t,j]
-// Wrapper: freetoken/kernels/experts.py (gpu)   Spec: experts.ref   Test: tests/kernels/test_gpu_experts.py
+// Wrapper: freetoken/kernels/experts.py (gpu)   Spec: experts.ref
+// Test: tests/kernels/test_gpu_experts.py   Bench: bench/kernels/gpu_decode_kernels.py
 // Shapes: x f32[T,H], ids i32[T,k], w f32[T,k], gate_up [S,2I,H] (gate rows first), down [S,H,I].
 // An id outside [0,S) (the hybrid backend's -1 = "runs on the CPU") is masked: its pair is skipped
 // by every kernel, so scratch rows that were never written are never read (no garbage * 0).

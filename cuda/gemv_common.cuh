@@ -14,9 +14,14 @@ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
 
-// The caller's warp_sum/warp_max may leave the result in lane 0 only: broadcast it.
-__device__ __forceinline__ float warp_allsum(float v) { return __shfl_sync(FULL_MASK, warp_sum(v), 0); }
-__device__ __forceinline__ float warp_allmax(float v) { return __shfl_sync(FULL_MASK, warp_max(v), 0); }
+// Every lane gets the result (common.cuh's butterflies already do; the broadcast keeps callers
+// correct should those become shfl_down reductions, for one shuffle).
+__device__ __forceinline__ float warp_allsum(float v) {
+  return __shfl_sync(FULL_MASK, warp_sum(v), 0);
+}
+__device__ __forceinline__ float warp_allmax(float v) {
+  return __shfl_sync(FULL_MASK, warp_max(v), 0);
+}
 
 // 8 elements at p (16-byte aligned), widened. bf16 element 2i is the low half of word i.
 __device__ __forceinline__ void load8(const unsigned short* p, float (&v)[8]) {
@@ -48,25 +53,28 @@ __device__ __forceinline__ void load8_n(const W* p, int n, float (&v)[8]) {
 // loads in flight: decode is bound by weight bandwidth, not by arithmetic.
 #define ROW_UNROLL 4
 
+// Any K and alignment: one element per lane per step.
+template <int NR, int NT, typename W>
+__device__ __forceinline__ void rows_dot_scalar(const W* const (&rows)[NR], const float* x, int K,
+                                                float (&acc)[NR][NT]) {
+  for (int k = threadIdx.x & 31; k < K; k += 32)
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      const float wk = to_f32(rows[r][k]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] += wk * x[(size_t)t * K + k];
+    }
+}
+
 template <int NR, int NT, typename W>
 __device__ __forceinline__ void rows_dot(const W* const (&rows)[NR], const float* x, int K,
                                          float (&acc)[NR][NT]) {
-  const int lane = threadIdx.x & 31;
   bool vec = (K & 7) == 0 && aligned16(x);
 #pragma unroll
   for (int r = 0; r < NR; ++r) vec = vec && aligned16(rows[r]);
-  if (!vec) {
-    for (int k = lane; k < K; k += 32)
-#pragma unroll
-      for (int r = 0; r < NR; ++r) {
-        const float wk = to_f32(rows[r][k]);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] += wk * x[(size_t)t * K + k];
-      }
-    return;
-  }
+  if (!vec) return rows_dot_scalar<NR, NT>(rows, x, K, acc);
   const int nc = K >> 3;
-  for (int c0 = lane; c0 < nc; c0 += 32 * ROW_UNROLL) {
+  for (int c0 = threadIdx.x & 31; c0 < nc; c0 += 32 * ROW_UNROLL) {
     float wv[NR][ROW_UNROLL][8];
 #pragma unroll
     for (int u = 0; u < ROW_UNROLL; ++u)
@@ -75,12 +83,11 @@ __device__ __forceinline__ void rows_dot(const W* const (&rows)[NR], const float
         if (c0 + 32 * u < nc) load8(rows[r] + 8 * (c0 + 32 * u), wv[r][u]);
 #pragma unroll
     for (int u = 0; u < ROW_UNROLL; ++u) {
-      const int c = c0 + 32 * u;
-      if (c >= nc) continue;
+      if (c0 + 32 * u >= nc) continue;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         float xv[8];
-        load8(x + (size_t)t * K + 8 * c, xv);
+        load8(x + (size_t)t * K + 8 * (c0 + 32 * u), xv);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
 #pragma unroll

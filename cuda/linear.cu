@@ -1,5 +1,6 @@
 // linear.cu -- y[T,M] = x[T,K] @ w[M,K]^T with fp32 accumulation; w is bf16 bits or f32.
-// Wrapper: freetoken/kernels/linear.py (gpu)   Spec: linear.ref   Test: tests/kernels/test_gpu_linear.py
+// Wrapper: freetoken/kernels/linear.py (gpu)   Spec: linear.ref
+// Test: tests/kernels/test_gpu_linear.py   Bench: bench/kernels/gpu_decode_kernels.py
 // linear_gemv_*: T <= GEMV_MAX_T (8). grid (ceil(M/4),), block 128: a warp per output row reads
 //   the row once for all T tokens (decode is weight-bandwidth bound); 16-byte loads when possible.
 // linear_gemm_*: any T. grid (ceil(M/64), ceil(T/64)), block 256: one 64x64 output tile per block

@@ -14,11 +14,11 @@
 //   borrows them. Any grid.
 // residency_count_i32: one block; adds the number of distinct routed experts to one or two counter
 //   columns (fused: hits; cpu: misses and cpu_execs), so every backend's counters stay on device.
-// fill_rows_*: grid (chunks, rows, 2); the fill plan's rows, host bank (mapped pinned memory, read
-//   over the link) -> slot; z = 0 gate_up, 1 down. Rows past *fill_count exit at once, so the grid
-//   is sized on the host without reading the plan (graph-capture safe).
-// prefill_load_*: grid (chunks, n, 2); experts [0, n) of a layer -> slots [dst0, dst0 + n); an
-//   expert resident in a slot >= keep_lo is copied device to device instead of over the link.
+// fill_rows_*: grid (COPY_BLOCKS,); the first min(*fill_count, rows) rows of the fill plan, host
+//   bank (mapped pinned memory, read over the link) -> slot. The count is read on the device, so
+//   the launch is sized without reading the plan (graph-capture safe).
+// prefill_load_*: grid (COPY_BLOCKS,); experts [0, rows) of a layer -> slots [dst0, dst0 + rows);
+//   an expert resident in a slot >= keep_lo is copied device to device instead of over the link.
 #include "common.cuh"
 
 #define RES_THREADS 256
@@ -204,76 +204,114 @@ extern "C" __global__ void residency_count_i32(const int* ids, int P, int layer,
   }
 }
 
-// Copy n elements with this block's share of the grid's x dimension: 16-byte vectors when both
-// ends and the length allow (the link is only saturated by wide loads), else element-wise.
+// The copies run on the copy stream next to compute kernels, so they use a small fixed grid
+// (the wrapper's COPY_BLOCKS): a few dozen blocks with several 16-byte loads in flight per thread
+// keep a PCIe link busy, and the remaining SM slots stay free for the compute stream.
+// Work item w = (row, bank, chunk): the block copies chunk `chunk` of 'chunks' of that row.
+#define COPY_UNROLL 4
+
+// Elements [i0, i1) of a row with the whole block: 16-byte vectors when both ends and the bounds
+// allow (the link is only saturated by wide loads), else element-wise.
 template <typename T>
-__device__ void copy_row(T* dst, const T* src, long long n) {
-  const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long long stride = (long long)gridDim.x * blockDim.x;
-  const long long bytes = n * (long long)sizeof(T);
-  if ((((unsigned long long)dst | (unsigned long long)src) & 15ull) == 0 && (bytes & 15) == 0) {
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    for (long long i = start; i < bytes / 16; i += stride) d[i] = s[i];
-  } else {
-    for (long long i = start; i < n; i += stride) dst[i] = src[i];
+__device__ void copy_span(T* dst, const T* src, long long i0, long long i1) {
+  const unsigned long long ends = (unsigned long long)(dst + i0) | (unsigned long long)(src + i0);
+  const bool wide = (ends & 15ull) == 0 && ((i1 - i0) * (long long)sizeof(T)) % 16 == 0;
+  if (!wide) {
+    for (long long i = i0 + threadIdx.x; i < i1; i += blockDim.x) dst[i] = src[i];
+    return;
   }
+  uint4* d = reinterpret_cast<uint4*>(dst + i0);
+  const uint4* s = reinterpret_cast<const uint4*>(src + i0);
+  const long long n = (i1 - i0) * (long long)sizeof(T) / 16;
+  for (long long base = 0; base < n; base += (long long)blockDim.x * COPY_UNROLL) {
+    uint4 r[COPY_UNROLL];
+#pragma unroll
+    for (int u = 0; u < COPY_UNROLL; ++u) {  // all loads first: COPY_UNROLL requests in flight
+      const long long i = base + u * (long long)blockDim.x + threadIdx.x;
+      if (i < n) r[u] = s[i];
+    }
+#pragma unroll
+    for (int u = 0; u < COPY_UNROLL; ++u) {
+      const long long i = base + u * (long long)blockDim.x + threadIdx.x;
+      if (i < n) d[i] = r[u];
+    }
+  }
+}
+
+// Chunk `chunk` of `chunks` of a row of n elements; chunk bounds are 8-element aligned so that
+// bf16 and f32 chunks keep 16-byte alignment whenever the row does.
+template <typename T>
+__device__ void copy_chunk(T* dst, const T* src, long long n, int chunk, int chunks) {
+  const long long per = ((n + chunks - 1) / chunks + 7) / 8 * 8;
+  const long long i0 = per * chunk, i1 = i0 + per < n ? i0 + per : n;
+  if (i0 < i1) copy_span(dst, src, i0, i1);
 }
 
 template <typename T>
 __device__ void fill_rows_impl(const T* host_gate_up, const T* host_down, T* pool_gate_up,
                                T* pool_down, const int* fill_slots, const int* fill_experts,
-                               const int* fill_count, long long gu_row, long long dn_row) {
-  const int i = blockIdx.y;
-  if (i >= *fill_count) return;
-  const long long e = fill_experts[i], s = fill_slots[i];
-  if (blockIdx.z == 0) copy_row(pool_gate_up + s * gu_row, host_gate_up + e * gu_row, gu_row);
-  else copy_row(pool_down + s * dn_row, host_down + e * dn_row, dn_row);
+                               const int* fill_count, int rows, int chunks, long long gu_row,
+                               long long dn_row) {
+  const int count = *fill_count < rows ? *fill_count : rows;
+  for (int w = blockIdx.x; w < count * 2 * chunks; w += gridDim.x) {
+    const int i = w / (2 * chunks), bank = (w / chunks) % 2, chunk = w % chunks;
+    const long long e = fill_experts[i], s = fill_slots[i];
+    if (bank == 0)
+      copy_chunk(pool_gate_up + s * gu_row, host_gate_up + e * gu_row, gu_row, chunk, chunks);
+    else
+      copy_chunk(pool_down + s * dn_row, host_down + e * dn_row, dn_row, chunk, chunks);
+  }
 }
 
 template <typename T>
 __device__ void prefill_load_impl(const T* host_gate_up, const T* host_down, T* pool_gate_up,
-                                  T* pool_down, const int* slot_for_layer, int dst0, int keep_lo,
-                                  long long gu_row, long long dn_row) {
-  const long long e = blockIdx.y, s = slot_for_layer[e], d = dst0 + e;
-  const bool resident = s >= keep_lo;  // a slot outside the borrowed range keeps a valid copy
-  if (blockIdx.z == 0) {
-    const T* src = resident ? pool_gate_up + s * gu_row : host_gate_up + e * gu_row;
-    copy_row(pool_gate_up + d * gu_row, src, gu_row);
-  } else {
-    const T* src = resident ? pool_down + s * dn_row : host_down + e * dn_row;
-    copy_row(pool_down + d * dn_row, src, dn_row);
+                                  T* pool_down, const int* slot_for_layer, int rows, int chunks,
+                                  int dst0, int keep_lo, long long gu_row, long long dn_row) {
+  for (int w = blockIdx.x; w < rows * 2 * chunks; w += gridDim.x) {
+    const int e = w / (2 * chunks), bank = (w / chunks) % 2, chunk = w % chunks;
+    const long long s = slot_for_layer[e], d = dst0 + e;
+    const bool resident = s >= keep_lo;  // a slot outside the borrowed range keeps a valid copy
+    if (bank == 0) {
+      const T* src = resident ? pool_gate_up + s * gu_row : host_gate_up + e * gu_row;
+      copy_chunk(pool_gate_up + d * gu_row, src, gu_row, chunk, chunks);
+    } else {
+      const T* src = resident ? pool_down + s * dn_row : host_down + e * dn_row;
+      copy_chunk(pool_down + d * dn_row, src, dn_row, chunk, chunks);
+    }
   }
 }
 
 extern "C" __global__ void fill_rows_bf16(const u16* host_gate_up, const u16* host_down,
                                           u16* pool_gate_up, u16* pool_down, const int* fill_slots,
-                                          const int* fill_experts, const int* fill_count,
-                                          long long gu_row, long long dn_row) {
+                                          const int* fill_experts, const int* fill_count, int rows,
+                                          int chunks, long long gu_row, long long dn_row) {
   fill_rows_impl(host_gate_up, host_down, pool_gate_up, pool_down, fill_slots, fill_experts,
-                 fill_count, gu_row, dn_row);
+                 fill_count, rows, chunks, gu_row, dn_row);
 }
 
 extern "C" __global__ void fill_rows_f32(const float* host_gate_up, const float* host_down,
                                          float* pool_gate_up, float* pool_down,
                                          const int* fill_slots, const int* fill_experts,
-                                         const int* fill_count, long long gu_row, long long dn_row) {
+                                         const int* fill_count, int rows, int chunks,
+                                         long long gu_row, long long dn_row) {
   fill_rows_impl(host_gate_up, host_down, pool_gate_up, pool_down, fill_slots, fill_experts,
-                 fill_count, gu_row, dn_row);
+                 fill_count, rows, chunks, gu_row, dn_row);
 }
 
 extern "C" __global__ void prefill_load_bf16(const u16* host_gate_up, const u16* host_down,
                                              u16* pool_gate_up, u16* pool_down,
-                                             const int* slot_for_layer, int dst0, int keep_lo,
-                                             long long gu_row, long long dn_row) {
-  prefill_load_impl(host_gate_up, host_down, pool_gate_up, pool_down, slot_for_layer, dst0,
-                    keep_lo, gu_row, dn_row);
+                                             const int* slot_for_layer, int rows, int chunks,
+                                             int dst0, int keep_lo, long long gu_row,
+                                             long long dn_row) {
+  prefill_load_impl(host_gate_up, host_down, pool_gate_up, pool_down, slot_for_layer, rows,
+                    chunks, dst0, keep_lo, gu_row, dn_row);
 }
 
 extern "C" __global__ void prefill_load_f32(const float* host_gate_up, const float* host_down,
                                             float* pool_gate_up, float* pool_down,
-                                            const int* slot_for_layer, int dst0, int keep_lo,
-                                            long long gu_row, long long dn_row) {
-  prefill_load_impl(host_gate_up, host_down, pool_gate_up, pool_down, slot_for_layer, dst0,
-                    keep_lo, gu_row, dn_row);
+                                            const int* slot_for_layer, int rows, int chunks,
+                                            int dst0, int keep_lo, long long gu_row,
+                                            long long dn_row) {
+  prefill_load_impl(host_gate_up, host_down, pool_gate_up, pool_down, slot_for_layer, rows,
+                    chunks, dst0, keep_lo, gu_row, dn_row);
 }

@@ -18,15 +18,13 @@ def _sum(a):
 
 
 @njit(**HOT)
-def _parallel_sum(a):
-    """Sum of a f32[n]: each work item streams one contiguous chunk (a separate inner function,
-    because numba vectorises a plain loop but not the same loop inlined into a prange body)."""
+def _parallel_sum(a, part):
+    """part[c] = sum of chunk c of a f32[n]: each work item streams one contiguous chunk (an
+    inner function, because numba vectorises a plain loop but not one written in a prange body)."""
     n = a.shape[0]
     step = (n + CHUNKS - 1) // CHUNKS
-    part = np.zeros(CHUNKS, np.float32)
     for c in prange(CHUNKS):
         part[c] = _sum(a[c * step:min(n, (c + 1) * step)])
-    return part.sum()
 
 
 def measure_read_bandwidth(threads=None, nbytes=1 << 30, repeats=5) -> float:
@@ -34,15 +32,16 @@ def measure_read_bandwidth(threads=None, nbytes=1 << 30, repeats=5) -> float:
     float32, run on ``threads`` numba threads (default: numba's current setting)."""
     numba = load_numba()
     a = np.ones(nbytes // 4, np.float32)  # written once so every page is really mapped
+    part = np.empty(CHUNKS, np.float32)
     saved = numba.get_num_threads()
     if threads:
         numba.set_num_threads(int(threads))
     try:
-        _parallel_sum(a[:1024])
+        _parallel_sum(a[:1024], part)
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            _parallel_sum(a)
+            _parallel_sum(a, part)
             best = min(best, time.perf_counter() - t0)
     finally:
         numba.set_num_threads(saved)

@@ -96,7 +96,8 @@ def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
 
 THREADS = 128            # ATT_THREADS in attention.cu
 TARGET_BLOCKS = 264      # decode split-K: about two blocks per SM of a 132-SM H100/H200
-MAX_CHUNK = 1024         # most positions per decode chunk: bounds one block's serial work
+MAX_CHUNK = 256          # most positions per decode chunk: a graph's table is padded to the
+                         # context cap, so chunks must stay short for short real contexts
 SMEM_FLOATS = 12 * 1024  # 48 KiB, the dynamic shared memory a launch gets without an opt-in
 
 

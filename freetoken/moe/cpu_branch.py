@@ -37,18 +37,24 @@ class CpuBranch:
             raise ValueError(f"CPU hand-off mode {mode!r}; expected one of {HANDOFF_MODES}")
         self.dev, self._op, self.mode = dev, cpu_op, mode
         self.executor = CpuExecutor(cpu_op, threads) if mode == "thread" else None
-        self._staged = dev.event()
-        self._bufs: dict[tuple, tuple] = {}
+        self._staged, self._grown = dev.event(), dev.event()
+        self._bufs: dict[tuple, tuple] = {}     # (H, k) -> (rows, buffers)
         self.calls = 0                   # layer calls that had CPU work (after the early exit)
 
     def _buffers(self, T: int, H: int, k: int) -> tuple:
-        key = (T, H, k)
-        if key not in self._bufs:
-            d = self.dev
-            self._bufs[key] = (d.pinned((T, H), np.float32), d.pinned((T, k), np.int32),
-                               d.pinned((T, k), np.float32), d.pinned((T, H), np.float32),
-                               d.xp.empty((T, H), np.float32))
-        return self._bufs[key]
+        """The first T rows of x_h, ids_h, w_h, out_h (pinned) and the device partial. Grown to the
+        next power of two, so prefill chunks of every length do not each pin a new set."""
+        cap, bufs = self._bufs.get((H, k), (0, None))
+        if cap < T:
+            if bufs is not None:         # a copy from the old set may be in flight: let it land
+                self.dev.record(self._grown)
+                self.dev.synchronize(self._grown)
+            cap, d = 1 << (T - 1).bit_length(), self.dev
+            bufs = (d.pinned((cap, H), np.float32), d.pinned((cap, k), np.int32),
+                    d.pinned((cap, k), np.float32), d.pinned((cap, H), np.float32),
+                    d.xp.empty((cap, H), np.float32))
+            self._bufs[(H, k)] = (cap, bufs)
+        return tuple(b[:T] for b in bufs)
 
     def stage(self, x, cpu_ids, weights) -> tuple:
         """Enqueue x f32[T,H], cpu_ids int32[T,k] (-1: not on the CPU), weights f32[T,k] -> pinned."""

@@ -25,13 +25,15 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
-from freetoken.moe.cpu_branch import HANDOFF_MODE, CpuBranch, measure_handoff  # noqa: F401 (bench)
+from freetoken.moe.cpu_branch import HANDOFF_MODE, CpuBranch, measure_handoff
 from freetoken.moe.host_pool import HostPool, pin_host_pool
 from freetoken.moe.options import Log, cache_slots, hybrid_policy
 from freetoken.moe.pool import Bank, check_banks
 from freetoken.moe.prefill import PrefillStreamer, overlap_ok
 from freetoken.moe.residency import COUNTERS
 from freetoken.moe.split import FetchPolicy
+
+__all__ = ["GpuMoERuntime", "build_gpu_moe", "measure_handoff"]   # the bench times the hand-off
 
 
 class GpuMoERuntime:
@@ -77,17 +79,22 @@ class GpuMoERuntime:
         if prefill:
             self.prefill_calls += 1
             if self.resident is not None:
-                return self._op(x, ids, weights, *self.resident[j])
+                return self._experts(x, ids, weights, *self.resident[j])
             if self.streamer is None:                  # pageable host pool: all on the CPU
                 return self.branch.run_all(x, ids, weights, self.host.host(j))
-            return self.streamer.run(j, x, ids, weights, self._op)
+            return self.streamer.run(j, x, ids, weights, self._experts)
         if self.backend == "fused":
             self.res.count_routed(j, ids, ("hits",))
-            return self._op(x, ids, weights, *self.resident[j])
+            return self._experts(x, ids, weights, *self.resident[j])
         if self.backend == "cpu":
             self.res.count_routed(j, ids, ("misses", "cpu_execs"))
             return self.branch.run_all(x, ids, weights, self.host.host(j))
         return self._decode_cached(j, x, ids, weights)
+
+    def _experts(self, x, ids, weights, gate_up, down):
+        """The experts op into a fresh f32[T,H] (GPU wrappers take a preallocated out)."""
+        out = self.dev.xp.empty((x.shape[0], x.shape[1]), np.float32)
+        return self._op(x, ids, weights, gate_up, down, out)
 
     def _ids_scratch(self, shape) -> tuple:
         if shape not in self._scratch:
@@ -99,22 +106,23 @@ class GpuMoERuntime:
         slots, cpu_ids = self._ids_scratch(tuple(ids.shape))
         slots[...] = ids                               # the caller's ids stay as they were
         self.res.step(j, slots, cpu_ids, self.policy)
-        self._fill(j)                                  # first: the copy stream starts at once
+        self._start_fill(j)                            # the copy stream starts at once
         staged = self.branch.stage(x, cpu_ids, weights) if self.branch else None
-        out = self._op(x, slots, weights, self.pool[0], self.pool[1])
+        self.dev.wait(self._filled)                    # after the staging copy: not behind the fills
+        out = self._experts(x, slots, weights, self.pool[0], self.pool[1])
         if staged is not None:
             self.branch.finish(staged, self.host.host(j), out)
         return out
 
-    def _fill(self, j: int) -> None:
-        """The last step's fill plan, host pool -> slots, on the copy stream between two events."""
+    def _start_fill(self, j: int) -> None:
+        """The last step's fill plan, host pool -> slots, on the copy stream after the residency
+        kernel; `_filled` is recorded when it is done (the compute stream waits for it)."""
         dev = self.dev
         dev.record(self._planned)
         dev.wait(self._planned, on_copy=True)
         with dev.copy_stream():
             self.res.fill(dev.host_views(self.host, j), self.pool)
         dev.record(self._filled, on_copy=True)
-        dev.wait(self._filled)
 
     def stats(self) -> dict:
         """MoERuntime.stats() plus device facts; reads the device counters (a sync)."""
@@ -148,6 +156,8 @@ class GpuMoERuntime:
         On failure the old size is allocated again and the error re-raised."""
         if not self.cached:
             raise ConfigError(f"the {self.backend} MoE backend has no expert cache to resize")
+        if num_slots < 1:
+            raise ConfigError(f"expert cache of {num_slots} slots: need at least one")
         old = self.num_slots
         self.pool = self.streamer = self.res = None
         self._scratch.clear()

@@ -9,7 +9,7 @@ then expert format, so one file serves several GPUs and formats without one over
 entry: timestamp, host, gpu {uuid, name}, cpu {model, physical_cores, threads}, format,
 expert_bytes, b_p_gbs (fill bandwidth, pinned host -> slots; null without a GPU), b_h_gbs (CPU
 expert-kernel bandwidth), contended {pcie_gbs, cpu_gbs} (both at once; null when not measured),
-recommended, reason. A profile of another GPU, format or file version is ignored with a WARN line;
+recommended, reason, handoff_us {thread, inline}. A profile of another GPU, format or file version is ignored with a WARN line;
 an unreadable file too (never a crash).
 
 phi prefers the contended pair, pcie / (pcie + cpu) (the makespan-optimal fraction of two
@@ -49,6 +49,7 @@ class Profile:
     timestamp: str = ""
     host: str = ""
     cpu: dict = field(default_factory=dict)
+    handoff_us: dict = field(default_factory=dict)   # CPU branch cost per layer call, by mode
 
     def entry(self) -> dict:
         d = asdict(self)
@@ -67,7 +68,7 @@ class Profile:
                    b_p_gbs=None if b_p is None else float(b_p), contended=contended,
                    recommended=str(d.get("recommended", "")), reason=str(d.get("reason", "")),
                    timestamp=str(d.get("timestamp", "")), host=str(d.get("host", "")),
-                   cpu=dict(d.get("cpu") or {}))
+                   cpu=dict(d.get("cpu") or {}), handoff_us=dict(d.get("handoff_us") or {}))
 
 
 def profile_path() -> Path:

@@ -32,11 +32,11 @@ ARGS = {  # launch order of each entry point of cuda/residency.cu
                             "col_a:i32", "col_b:i32"),
     **{f"fill_rows_{t}": (f"host_gate_up:{p}", f"host_down:{p}", f"pool_gate_up:{p}",
                           f"pool_down:{p}", "fill_slots:i32*", "fill_experts:i32*",
-                          "fill_count:i32*", "gu_row:i64", "dn_row:i64")
+                          "fill_count:i32*", "rows:i32", "chunks:i32", "gu_row:i64", "dn_row:i64")
        for t, p in (("bf16", "u16*"), ("f32", "f32*"))},
     **{f"prefill_load_{t}": (f"host_gate_up:{p}", f"host_down:{p}", f"pool_gate_up:{p}",
-                             f"pool_down:{p}", "slot_for_layer:i32*", "dst0:i32", "keep_lo:i32",
-                             "gu_row:i64", "dn_row:i64")
+                             f"pool_down:{p}", "slot_for_layer:i32*", "rows:i32", "chunks:i32",
+                             "dst0:i32", "keep_lo:i32", "gu_row:i64", "dn_row:i64")
        for t, p in (("bf16", "u16*"), ("f32", "f32*"))},
 }
 RES_THREADS = 256            # residency.cu's one block
@@ -44,7 +44,12 @@ MAX_EXPERTS = 4096           # 3*E ints of dynamic shared memory must fit in 48 
 KINDS = {"fraction": 0, "cap": 1, "all": 2}
 ORDERS = {"recency": 0, "lowest_id": 1}
 COPY_THREADS = 256
-COPY_BYTES_PER_BLOCK = 1 << 20   # each block of a row copy moves about this much (wide loads in flight)
+# The copy kernels share the SMs with the compute stream: a fixed grid of COPY_BLOCKS blocks, each
+# keeping 256 threads x 4 x 16 B = 16 KiB of loads in flight (64 blocks: 1 MiB, far more than a
+# PCIe link's bandwidth-latency product), loops over (row, bank, chunk) items of CHUNK_BYTES.
+# `bench bw` measures B_P through this path; raise COPY_BLOCKS if it is well below the link.
+COPY_BLOCKS = 64
+CHUNK_BYTES = 256 << 10
 
 
 def policy_args(policy: FetchPolicy) -> dict:
@@ -64,7 +69,7 @@ def invalidate_mirror(cache: SlotCache, lo: int, hi: int) -> None:
 
 
 def _chunks(row_elems: int, itemsize: int) -> int:
-    return max(1, min(128, -(-row_elems * itemsize // COPY_BYTES_PER_BLOCK)))
+    return max(1, -(-row_elems * itemsize // CHUNK_BYTES))
 
 
 class GpuResidency:
@@ -112,7 +117,7 @@ class GpuResidency:
     def fill(self, host, pool) -> None:
         """Copy the last plan's rows host bank -> pool slots on the current stream.
         host, pool: (gate_up, down) pairs; host is the layer's mapped pinned bank."""
-        self._copy("fill_rows", (max(1, self.max_rows),), host, pool, fill_slots=self.fill_slots,
+        self._copy("fill_rows", max(1, self.max_rows), host, pool, fill_slots=self.fill_slots,
                    fill_experts=self.fill_experts, fill_count=self.fill_count)
 
     def load_layer(self, layer: int, first: int, n: int, host, pool, dst0: int, keep_lo: int) -> None:
@@ -120,15 +125,17 @@ class GpuResidency:
         >= keep_lo are copied device to device. host: the layer's (gate_up, down) bank views."""
         row = self.slot_for[layer, first:first + n]
         host = (host[0][first:first + n], host[1][first:first + n])
-        self._copy("prefill_load", (n,), host, pool, slot_for_layer=row, dst0=dst0, keep_lo=keep_lo)
+        self._copy("prefill_load", n, host, pool, slot_for_layer=row, dst0=dst0, keep_lo=keep_lo)
 
-    def _copy(self, entry: str, rows: tuple, host, pool, **plan) -> None:
+    def _copy(self, entry: str, rows: int, host, pool, **plan) -> None:
         from freetoken.kernels import _cuda
         name = f"{entry}_{_cuda.dtype_tag(pool[0])}"
         gu_row, dn_row = pool[0][0].size, pool[1][0].size
+        chunks = _chunks(gu_row, pool[0].itemsize)
         args = _cuda.bind(ARGS[name], host_gate_up=host[0], host_down=host[1], pool_gate_up=pool[0],
-                          pool_down=pool[1], gu_row=gu_row, dn_row=dn_row, **plan)
-        grid = (_chunks(gu_row, pool[0].itemsize), rows[0], 2)
+                          pool_down=pool[1], rows=rows, chunks=chunks, gu_row=gu_row, dn_row=dn_row,
+                          **plan)
+        grid = (min(COPY_BLOCKS, rows * 2 * chunks),)
         _cuda.launch(_cuda.kernel("residency", name), grid, (COPY_THREADS,), args)
 
     def invalidate(self, lo: int, hi: int) -> None:

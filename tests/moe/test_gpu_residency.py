@@ -58,7 +58,7 @@ def _count(m, kind, frac, cap, min_fill):
 
 def simulate(c: SlotCache, layer, ids, policy, rng, threads=8):
     """residency_step_i32 on SlotCache's arrays; returns (cpu_ids, fill slots, fill experts)."""
-    E, S, a = c.E, c.S, policy_args(policy)
+    E, a = c.E, policy_args(policy)
     flat = ids.ravel()
     c.clock += 1
     now, routed = c.clock, np.zeros(E, bool)
@@ -247,3 +247,48 @@ def test_fill_and_prefill_copies(dtype):
         for e in np.flatnonzero(slot_for[1] < 0):
             np.testing.assert_array_equal(pool[0][12 + e].get(), banks[1][0][e])
         np.testing.assert_array_equal(pool[1][12:20].get(), banks[1][1])
+
+
+# --- the wrappers up to the launch, on numpy arrays (CPU) ----------------------------------------
+
+def test_wrappers_bind_every_argument(monkeypatch):
+    """GpuResidency's launches with numpy standing in for CuPy: every argument reaches the launch
+    with the declared dtype or exact scalar type; grids are positive, blocks whole warps."""
+    import sys
+
+    from freetoken.kernels import _cuda
+    from freetoken.moe import residency_gpu
+    monkeypatch.setitem(sys.modules, "cupy", np)
+    launches = []
+    monkeypatch.setattr(_cuda, "kernel", lambda name, entry: (name, entry))
+    monkeypatch.setattr(_cuda, "launch", lambda k, grid, block, args, shared_mem=0:
+                        launches.append((k[1], grid, block, args, shared_mem)))
+    L, E, S, H, I = 3, 16, 40, 24, 8
+    res = residency_gpu.GpuResidency(L, E, S)
+    ids = np.array([[1, 2], [3, 1]], np.int32)
+    res.step(2, ids, np.empty_like(ids), FetchPolicy.fraction(0.3, min_fill=1))
+    for dtype in (np.uint16, np.float32):
+        host = (np.zeros((E, 2 * I, H), dtype), np.zeros((E, H, I), dtype))
+        pool = (np.zeros((S, 2 * I, H), dtype), np.zeros((S, H, I), dtype))
+        res.fill(host, pool)
+        res.load_layer(1, 4, 9, host, pool, dst0=2 * E - 9, keep_lo=2 * E)
+    res.invalidate(0, 2 * E)
+    res.count_routed(0, ids, ("misses", "cpu_execs"))
+    names = [entry for entry, *_ in launches]
+    assert names == ["residency_step_i32", "fill_rows_bf16", "prefill_load_bf16", "fill_rows_f32",
+                     "prefill_load_f32", "residency_invalidate_i32", "residency_count_i32"]
+    for entry, grid, block, args, shared in launches:
+        decl = residency_gpu.ARGS[entry]
+        assert len(args) == len(decl)
+        for item, a in zip(decl, args):
+            tag = item.partition(":")[2]
+            want = _cuda.POINTER_DTYPES.get(tag) or _cuda.SCALAR_TYPES[tag]
+            assert (a.dtype if tag.endswith("*") else type(a)) == want, (entry, item)
+        assert all(g > 0 for g in grid) and block[0] % 32 == 0 and shared <= 48 * 1024
+    step = dict(zip((d.split(":")[0] for d in residency_gpu.ARGS["residency_step_i32"]), launches[0][3]))
+    assert (step["P"], step["layer"], step["kind"], step["frac_q16"], step["min_fill"]) == (4, 2, 0, 19661, 1)
+    rows = {entry: dict(zip((d.split(":")[0] for d in residency_gpu.ARGS[entry]), args))["rows"]
+            for entry, _, _, args, _ in launches if "rows:i32" in residency_gpu.ARGS[entry]}
+    assert rows == {"fill_rows_bf16": 4, "fill_rows_f32": 4, "prefill_load_bf16": 9, "prefill_load_f32": 9}
+    assert launches[1][1] == (8,) and launches[2][1] == (18,)   # rows * 2 banks * 1 chunk
+    assert launches[0][2] == (residency_gpu.RES_THREADS,) and launches[0][4] == 12 * E

@@ -182,3 +182,41 @@ def test_measure_handoff_on_host():
         assert set(parts) == {"stage_us", "handoff_us", "merge_us", "total_us"}
         assert all(v >= 0 for v in parts.values())
     assert r["inline"]["handoff_us"] <= r["thread"]["handoff_us"] + 50
+
+
+@pytest.mark.parametrize("options", [
+    dict(moe_backend="offload", moe_cache_size=40),            # S >= 2E: prefill double-buffered
+    dict(moe_backend="offload", moe_cache_size=20),
+    dict(moe_backend="hybrid", moe_cache_size=40, moe_fetch_fraction=0.3),
+    dict(moe_backend="cpu"),
+], ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_engine_with_the_device_runtime_gives_the_same_text(monkeypatch, options):
+    """The demo model through EngineCore with _make_moe swapped for the device runtime on the host
+    device (how engine/core.py is meant to wire it for the cuda backend): same greedy tokens as the
+    host runtime's cpu backend, and the runtime saw prefill and decode calls."""
+    from freetoken.engine.core import EngineCore
+    from freetoken.engine.llm import LLM
+    from freetoken.engine.request import SamplingParams
+    from freetoken.kernels.experts import cpu as cpu_experts
+
+    def make_device_moe(core):
+        cfg = core.model_config
+        banks = [(core.weights.layers[i].gate_up, core.weights.layers[i].down) for i in cfg.moe_layers]
+        return build_gpu_moe(cfg, banks, core.config, core.ops.experts, None,
+                             backend=core.config.moe_backend, dev=HostDevice(), cpu_op=cpu_experts)
+
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    prompt = list(range(5, 40))
+    ref = LLM(backend="cpu", moe_backend="cpu", enable_prefix_cache=False)
+    want = ref.generate(prompt, params)[0].token_ids
+    ref.core.close()
+    monkeypatch.setattr(EngineCore, "_make_moe", make_device_moe)
+    llm = LLM(backend="cpu", enable_prefix_cache=False, **options)
+    try:
+        assert isinstance(llm.core.moe, GpuMoERuntime)
+        assert llm.generate(prompt, params)[0].token_ids == want
+        stats = llm.stats()["moe"]
+        assert stats["prefill_calls"] > 0 and stats["total"]["hits"] + stats["total"]["misses"] > 0
+        assert stats["prefill_overlap"] == (options.get("moe_cache_size", 0) >= 32 or options["moe_backend"] == "cpu")
+    finally:
+        llm.core.close()

@@ -1,0 +1,51 @@
+"""`python -m freetoken bench bw` on the CPU-only path: B_H measured, B_P skipped and said so, the
+profile written under FREETOKEN_HOME (or --out) and readable by the engine's reader."""
+import json
+
+import pytest
+
+from freetoken import backend
+from freetoken.cli import main
+from freetoken.commands.bench import expert_shape, synthetic_bank
+from freetoken.moe.profile import NO_GPU, load_profile
+
+
+@pytest.fixture
+def no_gpu(monkeypatch, tmp_path):
+    """The CPU-only path even on a GPU machine; profiles land in a temporary FREETOKEN_HOME."""
+    monkeypatch.setattr(backend, "cuda_unavailable_reason", lambda: "forced off by the test")
+    monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_cpu_only_run_writes_a_b_h_profile(no_gpu, capsys):
+    assert main(["bench", "bw", "--model", "synth:tiny", "--iters", "4", "--bank-mib", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "no GPU (forced off by the test): measuring B_H only" in out
+    assert "B_H" in out and "fill, pinned host" not in out and "hand-off" in out
+    data = json.loads((no_gpu / "bench_bw.json").read_text())
+    entry = data["profiles"][NO_GPU]["bf16"]
+    assert entry["b_h_gbs"] > 0 and entry["b_p_gbs"] is None and entry["contended"] is None
+    assert entry["expert_bytes"] == 3 * 32 * 64 * 2 and entry["recommended"] == "cpu"
+    assert set(entry["handoff_us"]) == {"thread", "inline"}
+    prof = load_profile(NO_GPU, "bf16")
+    assert prof is not None and prof.b_h_gbs == entry["b_h_gbs"]
+
+
+def test_out_file_and_demo_model_default(no_gpu, tmp_path, capsys):
+    out = tmp_path / "sub" / "p.json"
+    assert main(["bench", "bw", "--iters", "2", "--bank-mib", "1", "--out", str(out)]) == 0
+    assert f"profile written to {out}" in capsys.readouterr().out
+    assert json.loads(out.read_text())["profiles"][NO_GPU]["bf16"]["expert_bytes"] == 3 * 128 * 256 * 2
+    assert not (no_gpu / "bench_bw.json").exists()
+
+
+def test_expert_shape_and_synthetic_bank():
+    shape = expert_shape("synth:qwen3-30b-a3b,layers=2")
+    assert (shape["hidden"], shape["width"], shape["top_k"], shape["experts"]) == (2048, 768, 8, 256)
+    tiny = expert_shape("synth:tiny")
+    gu, dn = synthetic_bank(tiny, 1 << 20)
+    assert gu.shape == (16, 64, 64) and dn.shape == (16, 64, 32) and gu.dtype == dn.dtype
+    exponent = (gu >> 7) & 0xFF
+    assert exponent.min() >= 119 and exponent.max() <= 122        # no denormals, no zeros
+    assert synthetic_bank(tiny, 0)[0].shape[0] == 2 * tiny["top_k"]   # windows stay disjoint
