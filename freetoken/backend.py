@@ -69,18 +69,42 @@ def resolve_backend(name: str) -> tuple[str, str]:
     return name, "requested"
 
 
+# Result allocation of each op when the caller passes no `out` (eager CUDA calls). `gpu` wrappers
+# never allocate, so that captured graphs see fixed addresses; callers that capture pass `out`.
+_RESULTS = {
+    "embedding": lambda xp, ids, table, *_: xp.empty((ids.shape[0], table.shape[1]), xp.float32),
+    "rms_norm": lambda xp, x, *_: xp.empty_like(x),
+    "rope": lambda xp, x, *_: xp.empty_like(x),
+    "linear": lambda xp, x, w, *_: xp.empty((x.shape[0], w.shape[0]), xp.float32),
+    "attention": lambda xp, q, *_: xp.empty_like(q),
+    "router": lambda xp, logits, k, *_: (xp.empty((logits.shape[0], k), xp.int32),
+                                         xp.empty((logits.shape[0], k), xp.float32)),
+    "experts": lambda xp, x, *_: xp.empty_like(x),
+    "sampling": lambda xp, logits, *_: xp.empty(logits.shape[0], xp.int32),
+}
+
+
+def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
+    """gpu_fn with host arrays moved to the device and `out` allocated when not given."""
+    import numpy as np
+    result = _RESULTS.get(op)
+
+    def call(*args, out=None):
+        args = tuple(xp.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+        if result is None:                      # kv_write: the caches are the outputs
+            return gpu_fn(*args)
+        return gpu_fn(*args, out if out is not None else result(xp, *args))
+    call.__name__, call.__doc__ = f"{op}_gpu", gpu_fn.__doc__
+    return call
+
+
 def get_ops(name: str) -> Ops:
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; expected {' | '.join(BACKENDS)}")
+    modules = {op: importlib.import_module(f"freetoken.kernels.{op}") for op in OP_NAMES}
     if name == "cuda":
         resolve_backend("cuda")
         import cupy as xp
-        attr = "gpu"
-    else:
-        import numpy as xp
-        attr = name
-    funcs = {}
-    for op in OP_NAMES:
-        module = importlib.import_module(f"freetoken.kernels.{op}")
-        funcs[op] = getattr(module, attr, None) or getattr(module, "ref")
-    return Ops(name=name, xp=xp, **funcs)
+        return Ops(name=name, xp=xp, **{op: _eager(op, m.gpu, xp) for op, m in modules.items()})
+    import numpy as xp
+    return Ops(name=name, xp=xp, **{op: getattr(m, name, None) or m.ref for op, m in modules.items()})

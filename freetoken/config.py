@@ -137,6 +137,11 @@ class EngineConfig:
     moe_fetch_fraction: float = _flag(-1.0, "hybrid: explicit phi = B_P/B_H in [0, inf) (-1: from the bandwidth profile)")
     moe_min_fill: int = _flag(0, "hybrid: fetch at least one miss per layer-step when there is one", (0, 1))
     moe_cpu_threads: int = _flag(0, "CPU expert executor threads (0: physical cores)")
+    disable_moe_prefill_overlap: bool = _flag(
+        False, "prefill: load each MoE layer in turn instead of streaming layer l+1 while layer l "
+        "computes (overlap needs >= 2E expert slots)")
+    disable_cuda_graph: bool = _flag(False, "run decode eagerly instead of replaying CUDA graphs")
+    gpu_memory_gb: float = _flag(0.0, "cap the GPU memory FreeToken may use, in GB (0: all that is free)")
     seed: int = _flag(0, "default sampling seed for requests that give none")
 
     def replace(self, **changes) -> "EngineConfig":

@@ -42,13 +42,15 @@ class EngineCore:
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
-        self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
+        self.tokenizer, self.weights = loaded.tokenizer, self._place_weights(loaded.weights)
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
+        self._plan_gpu_memory()
         self.kv = self._make_kv_pool()
         self.moe = self._make_moe()
         from freetoken.models.qwen3_moe import Qwen3Moe
         self.model = Qwen3Moe(cfg, self.weights, self.ops, self.moe, self.kv)
+        self.forward = self._make_forward()
         self.prefix_cache = RadixCache() if config.enable_prefix_cache else None
         self.scheduler = Scheduler(self.kv, config.max_running_requests, config.chunked_prefill_size,
                                    self.max_model_len, self.prefix_cache)
@@ -68,6 +70,42 @@ class EngineCore:
         if self.prefix_cache is not None:
             self.kv.free(self.prefix_cache.evict(self.prefix_cache.size))
         logger.info("warm-up forward done in %.2f s", time.perf_counter() - t0)
+
+    def _plan_gpu_memory(self) -> None:
+        """On CUDA, split the GPU budget (free memory or --gpu-memory-gb) into weights, KV, expert
+        cache and workspace; sizes the user did not give come from the plan (one log line)."""
+        if self.ops.name != "cuda":
+            return
+        import cupy
+        from freetoken.engine.gpu_budget import plan_gpu_memory
+        free = cupy.cuda.runtime.memGetInfo()[0] + sum(   # non-expert weights are already placed
+            a.nbytes for a in (self.weights.embed, self.weights.lm_head) if hasattr(a, "device"))
+        plan = plan_gpu_memory(self.model_config, self.config, free)
+        logger.info("GPU memory plan: %s (%s)", plan.describe(), plan.capped_by)
+        changes = {}
+        if self.config.num_kv_tokens <= 0:
+            changes["num_kv_tokens"] = plan.kv_tokens
+        if self.config.moe_cache_size <= 0 and self.config.moe_cache_rate <= 0:
+            changes["moe_cache_size"] = min(plan.expert_slots, plan.total_experts)
+        self.config = self.config.replace(**changes)
+
+    def _place_weights(self, weights):
+        """Non-expert weights go to the backend's device; routed experts stay in host memory
+        (the MoE runtime decides where they run). A no-op on the numpy backends."""
+        if self.ops.name != "cuda":
+            return weights
+        from dataclasses import replace
+        dev = self.ops.to_device
+        layers = tuple(
+            replace(lw, **{f: dev(getattr(lw, f)) for f in ("input_norm", "post_norm", "qkv", "o_proj",
+                                                          "q_norm", "k_norm")},
+                    **({"router": dev(lw.router)} if lw.router is not None else
+                       {"gate_up": dev(lw.gate_up), "down": dev(lw.down)}))   # dense MLP layers
+            for lw in weights.layers)
+        embed = dev(weights.embed)
+        lm_head = embed if weights.lm_head is weights.embed else dev(weights.lm_head)
+        return replace(weights, embed=embed, final_norm=dev(weights.final_norm), lm_head=lm_head,
+                       layers=layers)
 
     def _kv_dtype(self):
         kind = self.config.kv_dtype
@@ -89,10 +127,29 @@ class EngineCore:
         return KVPool(cfg.num_layers, tokens, cfg.num_kv_heads, cfg.head_dim, dtype, self.ops.xp)
 
     def _make_moe(self):
-        from freetoken.moe.runtime import build_moe
         cfg = self.model_config
         banks = [(self.weights.layers[i].gate_up, self.weights.layers[i].down) for i in cfg.moe_layers]
-        return build_moe(cfg, banks, self.config, self.ops.experts, logger)
+        if self.ops.name != "cuda":
+            from freetoken.moe.runtime import build_moe
+            return build_moe(cfg, banks, self.config, self.ops.experts, logger)
+        from freetoken.moe.gpu_runtime import build_gpu_moe
+        backend, phi = self._gpu_moe_choice(banks)
+        moe = build_gpu_moe(cfg, getattr(self, "host_pool", None) or banks, self.config,
+                            self.ops.experts, logger, backend=backend, profile_phi=phi)
+        self.host_pool = moe.host          # pinned once; rebuilds and new runtimes reuse it
+        return moe
+
+    def _gpu_moe_choice(self, banks):
+        """--moe-backend with auto resolved from the bandwidth profile (one log line), and phi."""
+        import cupy
+        from freetoken.moe.device import gpu_identity
+        from freetoken.moe.profile import decide_backend, load_profile, phi
+        fmt = "bf16" if banks[0][0].dtype == np.uint16 else "f32"
+        profile = load_profile((gpu_identity() or ("unknown", ""))[0], fmt, log=logger)
+        expert_bytes = sum(gu.nbytes + dn.nbytes for gu, dn in banks)
+        fits = expert_bytes <= 0.9 * cupy.cuda.runtime.memGetInfo()[0]   # KV pool already allocated
+        backend = decide_backend(self.config.moe_backend, logger, gpu=True, fits=fits, profile=profile)
+        return backend, phi(profile)
 
     def record_routing(self) -> None:
         """From now on, record every decode MoE layer call's routed ids (see moe/trace.py)."""
@@ -116,8 +173,10 @@ class EngineCore:
         return rebuild_cache(self, moe_cache_size, num_kv_tokens)
 
     def close(self) -> None:
-        """Join the MoE executor thread; the engine is unusable afterwards."""
+        """Join the MoE executor thread, unpin host memory; the engine is unusable afterwards."""
         self.moe.close()
+        if getattr(self, "host_pool", None) is not None:
+            self.host_pool.close()
 
     # --- requests -------------------------------------------------------------------------
 
@@ -147,7 +206,24 @@ class EngineCore:
     def _forward(self, schedule):
         """Model forward + sampling: (requests that sampled, their token ids)."""
         from freetoken.engine.runner import run_step
-        return run_step(self.model, self.ops, schedule, self.scheduler.alloc)
+        return run_step(self.forward, self.ops, schedule, self.scheduler.alloc)
+
+    def _make_forward(self):
+        """Host batch -> logits: the model itself on numpy backends; on CUDA, decode steps replay
+        captured graphs (fused MoE only: the other backends wait on the host each layer)."""
+        if self.ops.name != "cuda":
+            return self.model.forward
+        from freetoken.engine.graphs import DecodeGraphs
+        fused = self.moe.stats().get("backend") == "fused"
+        enabled = fused and not self.config.disable_cuda_graph
+        graphs = DecodeGraphs(self.model, self.ops, self.config.max_running_requests,
+                              self.max_model_len, enabled=enabled)
+        if not enabled:
+            logger.info("cuda graphs off (%s)", "--disable-cuda-graph" if fused else
+                        "the MoE backend is not fused")
+        graphs.capture_all(logger)      # before any request: capture writes dummy KV rows
+        self.graphs = graphs
+        return graphs.forward
 
     def _append(self, req: Request, token: int) -> Delta:
         req.output_ids.append(token)

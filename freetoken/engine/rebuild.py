@@ -38,7 +38,16 @@ def rebuild_cache(core, moe_cache_size: int | None = None, num_kv_tokens: int | 
     old = (core.config, core.moe, core.kv, core.prefix_cache)
     try:
         core.config = new_config
-        moe = core._make_moe() if moe_cache_size is not None else core.moe
+        if moe_cache_size is not None and hasattr(core.moe, "rebuild"):
+            # The GPU runtime resizes its slot pool in place (freeing the old one first, so the
+            # device never holds both); it rolls back by itself and re-raises on failure.
+            from freetoken.moe.options import Log, cache_slots
+            cfg = core.model_config
+            core.moe.rebuild(cache_slots(len(cfg.moe_layers), cfg.num_experts,
+                                         cfg.num_experts_per_tok, new_config, Log(logger)))
+            moe = core.moe
+        else:
+            moe = core._make_moe() if moe_cache_size is not None else core.moe
         kv = core._make_kv_pool() if num_kv_tokens is not None else core.kv
     except Exception as e:
         core.config = old[0]
@@ -85,3 +94,5 @@ def _install(core, moe, kv, reset_prefix: bool) -> None:
     core.kv = core.model.kv = core.scheduler.kv = kv
     if reset_prefix and core.prefix_cache is not None:
         core.prefix_cache = core.scheduler.cache = RadixCache()
+    if getattr(core, "graphs", None) is not None:
+        core.forward = core._make_forward()     # captured graphs hold the old KV addresses

@@ -41,12 +41,10 @@ def sample(ops, logits, requests) -> np.ndarray:
     return np.asarray(ops.to_host(tokens), dtype=np.int64)
 
 
-def run_step(model, ops, schedule, alloc):
-    """Forward the scheduled tokens; returns (requests that sampled, their new token ids)."""
-    batch = build_batch(schedule, alloc)
-    device_batch = ForwardBatch(**{k: (ops.to_device(v) if isinstance(v, np.ndarray) else v)
-                                   for k, v in batch.__dict__.items()})
-    logits = model.forward(device_batch)                                  # [B, V]
+def run_step(forward, ops, schedule, alloc):
+    """Forward the scheduled tokens; returns (requests that sampled, their new token ids).
+    forward: host ForwardBatch -> logits [B, V] (the model, or CUDA-graph replay)."""
+    logits = forward(build_batch(schedule, alloc))                        # [B, V]
     done_prompt = []
     for b, (req, n) in enumerate(schedule):
         req.num_computed += n
@@ -55,4 +53,4 @@ def run_step(model, ops, schedule, alloc):
     if not done_prompt:
         return [], np.empty(0, np.int64)
     reqs = [schedule[b][0] for b in done_prompt]
-    return reqs, sample(ops, logits[np.asarray(done_prompt)], reqs)
+    return reqs, sample(ops, logits[ops.xp.asarray(done_prompt)], reqs)

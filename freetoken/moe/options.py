@@ -22,6 +22,8 @@ class Log:
     """Adapts a logging.Logger (info/warning) or a plain callable(msg) to info()/warn()."""
 
     def __init__(self, sink=None):
+        if isinstance(sink, Log):
+            sink = sink._sink
         self._sink = sink if sink is not None else logging.getLogger("freetoken.moe")
 
     def info(self, msg: str) -> None:

@@ -44,14 +44,19 @@ def cuda_entries():
     return found
 
 
+# Wrappers of kernels that are not ops (the MoE residency step) live beside their policy code.
+EXTRA_WRAPPERS = ("freetoken.moe.residency_gpu",)
+
+
 def declared_args():
-    """{entry: (module, ARGS tuple)} over every freetoken.kernels module with an ARGS table."""
+    """{entry: (module, ARGS tuple)} over every wrapper module with an ARGS table."""
     found = {}
-    for info in pkgutil.iter_modules(kernels_pkg.__path__):
-        module = importlib.import_module(f"freetoken.kernels.{info.name}")
+    names = [f"freetoken.kernels.{i.name}" for i in pkgutil.iter_modules(kernels_pkg.__path__)]
+    for name in names + list(EXTRA_WRAPPERS):
+        module = importlib.import_module(name)
         for entry, decl in getattr(module, "ARGS", {}).items():
-            assert entry not in found, f"{entry} declared in {found[entry][0]} and {info.name}"
-            found[entry] = (info.name, tuple(decl))
+            assert entry not in found, f"{entry} declared in {found[entry][0]} and {name}"
+            found[entry] = (name.rsplit(".", 1)[1], tuple(decl))
     return found
 
 
