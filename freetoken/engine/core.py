@@ -42,10 +42,11 @@ class EngineCore:
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
-        self.tokenizer, self.weights = loaded.tokenizer, self._place_weights(loaded.weights)
+        self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
-        self._plan_gpu_memory()
+        self._plan_gpu_memory()                       # before anything is placed on the device
+        self.weights = self._place_weights(self.weights)
         self.kv = self._make_kv_pool()
         self.moe = self._make_moe()
         from freetoken.models.qwen3_moe import Qwen3Moe
@@ -78,9 +79,7 @@ class EngineCore:
             return
         import cupy
         from freetoken.engine.gpu_budget import plan_gpu_memory
-        free = cupy.cuda.runtime.memGetInfo()[0] + sum(   # non-expert weights are already placed
-            a.nbytes for a in (self.weights.embed, self.weights.lm_head) if hasattr(a, "device"))
-        plan = plan_gpu_memory(self.model_config, self.config, free)
+        plan = plan_gpu_memory(self.model_config, self.config, cupy.cuda.runtime.memGetInfo()[0])
         logger.info("GPU memory plan: %s (%s)", plan.describe(), plan.capped_by)
         changes = {}
         if self.config.num_kv_tokens <= 0:
