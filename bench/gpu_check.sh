@@ -37,6 +37,8 @@ BENCHES=(
   "linear|60|$KERNEL linear --check --bench --iters 200"
   "attention decode|60|$KERNEL attention --check --bench --iters 200"
   "experts decode|60|$KERNEL experts --check --bench --iters 200"
+  "gpu decode kernels|150|$PY bench/kernels/gpu_decode_kernels.py --out $LOGS/gpu_decode_kernels.json"
+  "gpu decode e2e|240|$PY bench/gpu_decode.py --out $LOGS/gpu_decode.json"
   "moe backends (gpu_moe)|200|$PY bench/gpu_moe.py --out $LOGS/gpu_moe.json"
 )
 

@@ -127,3 +127,19 @@ def test_dtype_tag():
     assert _cuda.dtype_tag(np.zeros(1, np.float32)) == "f32"
     with pytest.raises(TypeError):
         _cuda.dtype_tag(np.zeros(1, np.float64))
+
+
+def test_launch_names_the_failing_kernel_and_skips_empty_grids():
+    calls = []
+
+    class Fake:
+        name = "fake_f32"
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            calls.append(grid)
+            raise ValueError("too many resources requested")
+
+    _cuda.launch(Fake(), (0,), (32,), ())
+    assert calls == []
+    with pytest.raises(RuntimeError, match="fake_f32.*too many resources"):
+        _cuda.launch(Fake(), (3,), (32,), ())
