@@ -109,24 +109,21 @@ class OpTimer:
             self._set(moe.executor, "_op", self._wrap(moe.executor._op, "experts kernel (executor)"))
         self._set(moe, "_op", self._wrap(moe._op, "experts kernel (direct)"))
 
-        fwd = model.forward
+        owner = core if hasattr(core, "forward") else model     # the engine's forward callable
+        fwd = owner.forward
+        timed_fwd = self._wrap(fwd, "model.forward (total)")
 
         def forward(batch):
             self.phase = "prefill" if batch.prefill else "decode"
             self.steps[self.phase] += 1
-            return timed("model.forward (total)")(fwd)(batch)
+            return timed_fwd(batch)
 
-        timed = lambda name: (lambda fn: self._wrap(fn, name))
-        self._set(model, "forward", forward)
+        self._set(owner, "forward", forward)
         self._set(runner, "build_batch", self._wrap(runner.build_batch, "engine: build_batch"))
         self._set(runner, "sample", self._wrap(runner.sample, "engine: sample"))
         self._set(core.scheduler, "schedule", self._wrap(core.scheduler.schedule, "engine: schedule"))
         self._set(core, "_append", self._wrap(core._append, "engine: append+detokenize"))
-        step = core.step
-
-        def whole_step():
-            return timed("engine: step (total)")(step)()
-        self._set(core, "step", whole_step)
+        self._set(core, "step", self._wrap(core.step, "engine: step (total)"))
 
     def _set(self, obj, name, value):
         had = name in vars(obj)          # instance/module attribute, not a class method

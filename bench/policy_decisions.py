@@ -45,7 +45,7 @@ QWEN3 = dict(name="qwen3-30b-a3b", layers=48, experts=128, top_k=8)
 MACHINES = [(f"Table 1 #{i + 1}", round(bp / bh, 3)) for i, (bp, bh) in enumerate(split_model.TABLE1)]
 
 
-def slots_for(rate, L, E, k):
+def slots_for(rate, L, E, k):  # as freetoken.moe.options.cache_slots for one running request
     return min(L * E, max(math.ceil(round(rate * L * E, 9)), k))
 
 
@@ -100,9 +100,8 @@ def compare(rows, base, alt):
         ratios = [index[key[:3] + (alt,)][model] / index[key][model]
                   for key in index if key[3] == base and index[key][model] > 0]
         out[model] = {"geomean": float(np.exp(np.mean(np.log(ratios)))), "min": float(min(ratios)),
-                      "max": float(max(ratios)), "cells": len(ratios),
-                      "alt_better": int(sum(r < 0.995 for r in ratios)),
-                      "alt_worse": int(sum(r > 1.005 for r in ratios))}
+                      "max": float(max(ratios)), "cells": len(ratios), "alt_better": int(sum(
+                          r < 0.995 for r in ratios)), "alt_worse": int(sum(r > 1.005 for r in ratios))}
     return out
 
 
@@ -115,8 +114,7 @@ def print_fill(rows):
     for r in rows:
         cells.setdefault((r["trace"], r["rate"], r["phi"]), {})[r["variant"]] = r
     for (trace, rate, phi), v in cells.items():
-        a = " ".join(f"{v[x[0]]['independent']:>15.3f}" for x in VARIANTS)
-        b = " ".join(f"{v[x[0]]['shared_dram']:>15.3f}" for x in VARIANTS)
+        a, b = (" ".join(f"{v[x[0]][m]:>15.3f}" for x in VARIANTS) for m in ("independent", "shared_dram"))
         print(f"{trace[5:]:>9} {rate:>4.0%} {phi:>5.3f} {v['fill0/recency']['miss_rate']:>5.3f} | {a} | {b}")
 
 
@@ -153,7 +151,6 @@ def calibrate(trace, steps, seed):
     loc = trace.meta["locality"]
     want_mix, want_shared = (np.mean([r[k] for r in loc]) for k in ("shuffled", "shared"))
     L, E, k = trace.num_layers, trace.num_experts, trace.top_k
-
     def shared(rho, s):
         return shared_consecutive(synthetic_trace(L, E, k, steps, rho=rho, zipf_s=s, seed=seed)).mean()
     zipf = min(np.arange(0.0, 2.01, 0.1), key=lambda s: abs(shared(0.0, s) - want_mix))
@@ -177,19 +174,19 @@ def prefill_windows(trace, T, count, rng):
 
 
 def window_cost(ids, E, S, R, usage, phi, n_c, rng):
-    """(decode independent, decode shared-DRAM, stream) in units of b/B_H for one layer's chunk;
-    decode is inf when the chunk routes more distinct experts than the cache has slots."""
+    """(decode independent, decode shared-DRAM, stream) in units of b/B_H for one layer's chunk,
+    and its distinct experts; decode is inf when they outnumber the cache's slots."""
     experts, n = np.unique(ids, return_counts=True)
     stream = (E - R) / phi
     if len(experts) > S:
-        return math.inf, math.inf, stream
+        return math.inf, math.inf, stream, len(experts)
     resident = np.argsort(-(np.log(usage + 1e-9) + rng.gumbel(size=E)))[:R]   # popularity-drawn
     miss = ~np.isin(experts, resident)
     m = int(miss.sum())
     q = fetch_count(m, frac_q16(phi))
     on_cpu = rng.permutation(np.flatnonzero(miss))[: m - q]
     work = float(np.maximum(1.0, n[on_cpu] / n_c).sum())
-    return max(q / phi, work), split_model.t_shared(q, q + work, phi, 1.0), stream
+    return max(q / phi, work), split_model.t_shared(q, q + work, phi, 1.0), stream, len(experts)
 
 
 def threshold_rows(model, trace, num_layers, n_c, windows, seed):
@@ -220,7 +217,7 @@ def print_thresholds(rows):
           "layers beats the decode path; independent/shared-DRAM model; >N: not up to N")
     cols = list(dict.fromkeys((r["model"], r["rate"]) for r in rows))
     index = {(r["model"], r["rate"], r["phi"]): r for r in rows}
-    print(f"{'machine':>12} {'phi':>5} " + " ".join(f"{m[:6] + ' ' + format(rt, '.0%'):>11}" for m, rt in cols))
+    print(f"{'machine':>12} {'phi':>5} " + " ".join(f"{m[:5] + ' ' + format(rt, '.0%'):>11}" for m, rt in cols))
     names = dict((phi, name) for name, phi in MACHINES)
     for phi in PHIS:
         cells = []
@@ -250,6 +247,10 @@ def run_thresholds(code, prefill, n_c, windows, seed):
           f"(shared {shared_consecutive(synth).mean():.2f} of 8 at E 128, uniform 0.50)")
     rows = (threshold_rows("demo", prefill, prefill.num_layers, n_c, windows, seed)
             + threshold_rows(QWEN3["name"], synth, QWEN3["layers"], n_c, windows, seed))
+    for model in dict.fromkeys(r["model"] for r in rows):
+        costs = next(r["costs"] for r in rows if r["model"] == model)
+        print(f"  {model}: distinct experts per layer in T tokens: "
+              + ", ".join(f"{T}: {c[3]:.1f}" for T, c in costs.items()))
     print_thresholds(rows)
     return {"zipf_s": zipf, "rho": rho}, rows
 
@@ -266,8 +267,8 @@ def main(argv=None):
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     t0, d = time.perf_counter(), Path(args.traces)
-    traces = {n: load_trace(d / f"{n}.npz") for n in ("demo_code", "demo_chat")}
-    prefill = load_trace(d / "demo_prefill.npz")
+    traces = {n: load_trace(d / f"{n}.npz") for n in ("demo_code", "demo_chat", "demo_prefill")}
+    prefill = traces.pop("demo_prefill")
     measured = measure_here(args)
     fill_rows, summary = run_fill(traces, args.warmup)
     calibration, t_rows = run_thresholds(traces["demo_code"], prefill, measured["n_c"],

@@ -100,7 +100,7 @@ def main(argv=None):
     rows = []
     for kind, a, b in cases:
         for T in tokens:
-            bw = measure_read_bandwidth(nbytes=512 << 20, repeats=5)
+            bw = measure_read_bandwidth(nbytes=512 << 20, repeats=10)
             res = (bench_experts(rng, a, b, args.experts, args.k, T, args.repeats) if kind == "e"
                    else bench_linear(rng, a, b, T, args.repeats))
             rows.append(row(*res, bw))

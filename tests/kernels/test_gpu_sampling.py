@@ -1,7 +1,8 @@
 """sampling.gpu vs ref on the device. The kernel sums probability mass in a different order than
 ref's cumsums, so a uniform (or top_p / min_p) within ~1e-5 of a step of the CDF may pick the
 neighbouring token: a mismatch is accepted only when ref itself picks that token after nudging
-u, top_p and min_p by that much. Outputs are poisoned (-7) before the launch."""
+u, top_p and min_p by that much, or the two tokens' probabilities agree to 1e-5 (an ulp of exp
+can swap them in the order). Outputs are poisoned (-7) before the launch."""
 import itertools
 
 import numpy as np
@@ -21,6 +22,10 @@ def _accepted(z, t, k, p, mp, u):
         pp = np.float32(p + dp) if 0 < p < 1 else p
         mm = np.float32(mp + dm) if mp > 0 else mp
         picks.add(sampling._ref_row(z, t, k, pp, mm, uu))
+    if t > 0:   # expf differs from numpy's exp by an ulp or two: near-equal tokens may swap
+        p = sampling._probs(z, t)
+        for tok in list(picks):
+            picks.update(np.flatnonzero(np.abs(p - p[tok]) <= 1e-5 * p[tok]).tolist())
     return picks
 
 
