@@ -64,6 +64,7 @@ class EngineCore:
         """Run one tiny request through prefill and decode so kernels are compiled (numba JIT on
         first use) before the first real request; then forget it (counters, prefix cache)."""
         t0 = time.perf_counter()
+        logger.info("warm-up forward (the first run on a machine compiles the kernels: about a minute)")
         req = self.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
         while req.finish_reason is None:
             self.step()

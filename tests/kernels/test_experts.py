@@ -1,5 +1,5 @@
-"""experts: cpu vs ref over the GEMV and BLAS paths (bf16 and fp32 banks, duplicate ids, -1 ids,
-odd widths), and ref against a float64 SwiGLU written out by hand."""
+"""experts: cpu vs ref over the GEMV and BLAS paths (bf16 and fp32 banks, duplicate ids, -1 ids),
+and ref against a float64 SwiGLU written out by hand."""
 import numpy as np
 import pytest
 
@@ -28,7 +28,9 @@ def routing(rng, T, S, k):
 @pytest.mark.parametrize("path", ["gemv", "blas"])
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
 @pytest.mark.parametrize("T", [1, 3, 7, 33])
-@pytest.mark.parametrize("H,I", [(96, 40), (200, 72), (96, 33)])   # 33: odd bf16 down rows
+# Odd widths (bf16 rows read element by element) are covered by test_linear's K 97: here each
+# extra weight layout costs two more parallel kernels to compile on a cold numba cache.
+@pytest.mark.parametrize("H,I", [(96, 40), (200, 72)])
 def test_cpu_matches_ref(T, H, I, dtype, path, monkeypatch):
     monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 0 if path == "blas" else 1 << 30)
     rng = np.random.default_rng(T * H + I)
