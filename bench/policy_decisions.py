@@ -14,7 +14,8 @@ Times are in units of one expert read by the CPU (b/B_H), so only phi = B_P/B_H 
 n_c (tokens per expert from which the CPU kernel is compute-bound) are measured here, B_P comes
 from the paper's Table 1 machines (this machine has no GPU).
 
-  .venv/bin/python bench/policy_decisions.py --out bench/results/policy_decisions.json
+  .venv/bin/python bench/policy_decisions.py --out bench/results/policy_decisions.json  # ~6 min
+  .venv/bin/python bench/policy_decisions.py --skip-fill --n-c 2 --b-h 20     # (c) alone, given n_c
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]                     # run from a ch
 import split_model                                               # noqa: E402
 from freetoken.moe.residency import SlotCache                    # noqa: E402
 from freetoken.moe.split import FetchPolicy, fetch_count, frac_q16   # noqa: E402
-from freetoken.moe.trace import load_trace, shared_consecutive, synthetic_trace   # noqa: E402
+from freetoken.moe.trace import load_trace, shared_consecutive, synthetic_trace  # noqa: E402
 
 RATES = (0.10, 0.25, 0.50)
 PHIS = sorted({round(bp / bh, 3) for bp, bh in split_model.TABLE1} | {0.1, 0.25})
@@ -60,8 +61,7 @@ def replay_mq(steps, L, E, S, policy, start):
             m.append(int(mc[j]) - before)
             q.append(len(fills))
             hits += int(hc[j]) - hit
-    m = np.asarray(m)
-    return m, np.asarray(q), float(m.sum() / max(m.sum() + hits, 1))
+    return np.asarray(m), np.asarray(q), sum(m) / max(sum(m) + hits, 1)
 
 
 def token_times(m, q, phi, L):
@@ -148,8 +148,7 @@ def fit_nc(curve, max_n=16):
 def calibrate(trace, steps, seed):
     """(zipf_s, rho) of synthetic_trace matching the trace's shuffled (popularity) and
     consecutive-token (locality) shared experts, both averaged over layers."""
-    loc = trace.meta["locality"]
-    want_mix, want_shared = (np.mean([r[k] for r in loc]) for k in ("shuffled", "shared"))
+    want_mix, want_shared = (np.mean([r[k] for r in trace.meta["locality"]]) for k in ("shuffled", "shared"))
     L, E, k = trace.num_layers, trace.num_experts, trace.top_k
     def shared(rho, s):
         return shared_consecutive(synthetic_trace(L, E, k, steps, rho=rho, zipf_s=s, seed=seed)).mean()
@@ -263,6 +262,7 @@ def main(argv=None):
     ap.add_argument("--n-c", type=float, help="skip measuring n_c (tokens per expert from which "
                     "the CPU kernel is compute-bound)")
     ap.add_argument("--b-h", type=float, help="skip measuring B_H (GB/s, demo expert shape)")
+    ap.add_argument("--skip-fill", action="store_true", help="only (c), the prefill threshold")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -270,7 +270,7 @@ def main(argv=None):
     traces = {n: load_trace(d / f"{n}.npz") for n in ("demo_code", "demo_chat", "demo_prefill")}
     prefill = traces.pop("demo_prefill")
     measured = measure_here(args)
-    fill_rows, summary = run_fill(traces, args.warmup)
+    fill_rows, summary = ([], {}) if args.skip_fill else run_fill(traces, args.warmup)
     calibration, t_rows = run_thresholds(traces["demo_code"], prefill, measured["n_c"],
                                          args.windows, args.seed)
     print(f"\n{time.perf_counter() - t0:.0f} s")
@@ -285,7 +285,7 @@ def measure_here(args):
     info = Path("/proc/cpuinfo").read_text().splitlines()
     model = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
     out = {"cpu": model, "cores": sum(ln.startswith("processor") for ln in info)}
-    curve = None if args.n_c else measure_cpu_curve(2048, 768, 8, [1, 2, 4, 8, 12, 16, 32, 64], 384, 5)
+    curve = None if args.n_c else measure_cpu_curve(2048, 768, 8, [1, 2, 4, 8, 12, 16, 32, 64], 384, 12)
     bh = ({"b_h_gbs": args.b_h, "expert_bytes": 6 * 256 * 128} if args.b_h
           else split_model.measure_b_h(256, 128, 4, 384, 48, 0))
     out.update(cpu_curve=curve, n_c=args.n_c or fit_nc(curve), b_h_demo_gbs=bh["b_h_gbs"],
