@@ -61,16 +61,19 @@ def test_ctrl_c_stops_a_streaming_reply_and_frees_its_slots():
     child = spawn("--max-tokens", "2000", "--ignore-eos")
     try:
         child.sendline("Write Python code.")
-        child.expect(r"\S{4}")                       # the reply has started
-        seen = len(child.before) + len(child.after)
-        time.sleep(0.5)
-        more = child.read_nonblocking(100000, timeout=5)
-        assert len(more) > 0 and "[stopped]" not in more   # still streaming, text keeps arriving
+        child.expect_exact("Write Python code.\r\n")    # the terminal's echo of the line
+        child.expect(r"\S{4}")                           # the reply has started
+        seen = child.after
+        for _ in range(2):                               # and keeps arriving while it runs
+            time.sleep(0.4)
+            more = child.read_nonblocking(100000, timeout=5)
+            assert more and "tok/s, finish" not in more, more
+            seen += more
         child.sendintr()
         child.expect_exact("[stopped]", timeout=10)
         child.expect_exact(PROMPT)
         slots, free, cached, locked, held = kv_stats(child)
-        assert (held, locked) == (0, 0) and free + cached == slots, (seen, free, cached)
+        assert (held, locked) == (0, 0) and free + cached == slots, (len(seen), free, cached)
         child.sendline("/reset")
         child.expect_exact(PROMPT)
         child.sendeof()                              # Ctrl-D at the prompt leaves
