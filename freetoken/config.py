@@ -135,7 +135,13 @@ class EngineConfig:
     moe_cache_rate: float = _flag(0.0, "expert cache size as a fraction of all L*E experts")
     moe_hybrid_max_fetch: int = _flag(-1, "hybrid: -1 uses the q* rule, N >= 0 fetches at most N misses per layer")
     moe_fetch_fraction: float = _flag(-1.0, "hybrid: explicit phi = B_P/B_H in [0, inf) (-1: from the bandwidth profile)")
-    moe_min_fill: int = _flag(0, "hybrid: fetch at least one miss per layer-step when there is one", (0, 1))
+    moe_min_fill: int = _flag(0, "hybrid: fetch at least one miss per layer-step when there is one "
+                              "(0 measured faster: docs/performance.md)", (0, 1))
+    moe_fill_order: str = _flag("recency", "order of the misses to fill: most recently routed first, "
+                                "or lowest expert id (recency measured better)", ("recency", "lowest_id"))
+    moe_prefill_decode_tokens: int = _flag(
+        32, "offload/hybrid: prefill chunks shorter than this run through the expert cache like "
+        "decode instead of streaming whole layers (0: never; 32 measured: docs/performance.md)")
     moe_cpu_threads: int = _flag(0, "CPU expert executor threads (0: physical cores)")
     disable_moe_prefill_overlap: bool = _flag(
         False, "prefill: load each MoE layer in turn instead of streaming layer l+1 while layer l "

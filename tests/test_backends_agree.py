@@ -46,7 +46,11 @@ def test_greedy_output_is_the_same(name, expected):
     assert len(ids) == TOKENS
     assert (ids, text) == expected[:2], f"{name} diverges from cpu-cpu"
     routed = total["hits"] + total["misses"]
-    assert routed == expected[2]["misses"] > 0          # same routing, counted the same way
+    # Same routing; cached backends also count the short prompt (a chunk below
+    # --moe-prefill-decode-tokens runs through the expert cache like decode).
+    cached = "offload" in name or "hybrid" in name
+    assert expected[2]["misses"] > 0
+    assert routed > expected[2]["misses"] if cached else routed == expected[2]["misses"]
     if "offload" in name or "phi1" in name:
         assert total["fills"] == total["misses"] and total["cpu_execs"] == 0
     if "phi0" in name and "phi0." not in name:

@@ -27,7 +27,7 @@ import numpy as np
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
 from freetoken.moe.cpu_branch import HANDOFF_MODE, CpuBranch, measure_handoff
 from freetoken.moe.host_pool import HostPool, pin_host_pool
-from freetoken.moe.options import Log, cache_slots, hybrid_policy
+from freetoken.moe.options import Log, cache_policy, cache_slots, prefill_as_decode
 from freetoken.moe.pool import Bank, check_banks
 from freetoken.moe.prefill import PrefillStreamer, overlap_ok
 from freetoken.moe.residency import COUNTERS
@@ -53,6 +53,7 @@ class GpuMoERuntime:
         self._planned, self._filled = dev.event(), dev.event()
         self._scratch: dict[tuple, tuple] = {}
         self.prefill_calls = 0
+        self.prefill_decode_tokens = 0      # build_gpu_moe sets --moe-prefill-decode-tokens
         self._allocate(num_slots)
 
     def _pool_slots(self, num_slots: int) -> int:
@@ -76,6 +77,9 @@ class GpuMoERuntime:
 
     def forward(self, j: int, x, ids, weights, prefill: bool = False):
         """MoE layer j: x f32[T,H], ids int32[T,k] (not modified), weights f32[T,k] -> f32[T,H]."""
+        if prefill and self.cached and prefill_as_decode(
+                ids, self.dev.xp, self.prefill_decode_tokens, self.num_slots):
+            prefill = False            # a short chunk: through the expert cache, like decode
         if prefill:
             self.prefill_calls += 1
             if self.resident is not None:
@@ -207,7 +211,7 @@ def build_gpu_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_
     slots, policy = 0, None               # sized before pinning: a bad flag fails in a second
     if backend in ("offload", "hybrid"):
         slots = cache_slots(len(raw), cfg.num_experts, cfg.num_experts_per_tok, ec, log)
-        policy = FetchPolicy.fetch_all() if backend == "offload" else hybrid_policy(ec, log, profile_phi)
+        policy = cache_policy(backend, ec, log, profile_phi)
     if host is None:
         pin = backend != "fused" and dev.needs_pinning
         host = pin_host_pool(raw, sink) if pin else HostPool.pageable(raw)
@@ -217,6 +221,8 @@ def build_gpu_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_
     where = f"moe {backend} on {dev.name}"
     log.info(f"{where}: {slots} expert slots for {len(raw)} layers x {cfg.num_experts} experts"
              if slots else where)
-    return GpuMoERuntime(backend, host, dev, experts_op, cpu_op, policy=policy, num_slots=slots,
-                         cpu_threads=ec.moe_cpu_threads, handoff=handoff, log=sink,
-                         disable_overlap=bool(getattr(ec, "disable_moe_prefill_overlap", False)))
+    moe = GpuMoERuntime(backend, host, dev, experts_op, cpu_op, policy=policy, num_slots=slots,
+                        cpu_threads=ec.moe_cpu_threads, handoff=handoff, log=sink,
+                        disable_overlap=ec.disable_moe_prefill_overlap)
+    moe.prefill_decode_tokens = ec.moe_prefill_decode_tokens
+    return moe

@@ -96,16 +96,32 @@ def cache_slots(num_layers: int, num_experts: int, top_k: int, ec: EngineConfig,
 def hybrid_policy(ec: EngineConfig, log: Log, profile_phi: float | None = None) -> FetchPolicy:
     """--moe-hybrid-max-fetch N >= 0: fixed cap; else --moe-fetch-fraction >= 0; else the
     profile's phi; else WARN and a fixed cap of 1 (upstream's fallback)."""
-    fill = ec.moe_min_fill
+    fill, order = ec.moe_min_fill, ec.moe_fill_order
     if ec.moe_hybrid_max_fetch >= 0:
-        policy = FetchPolicy.fixed_cap(ec.moe_hybrid_max_fetch, fill)
+        policy = FetchPolicy.fixed_cap(ec.moe_hybrid_max_fetch, fill, order)
     elif ec.moe_fetch_fraction >= 0:
-        policy = FetchPolicy.fraction(ec.moe_fetch_fraction, fill)
+        policy = FetchPolicy.fraction(ec.moe_fetch_fraction, fill, order)
     elif profile_phi is not None:
-        policy = FetchPolicy.fraction(profile_phi, fill)
+        policy = FetchPolicy.fraction(profile_phi, fill, order)
     else:
         log.warn(f"hybrid: no bandwidth profile and no --moe-fetch-fraction; falling back to a fixed "
                  f"cap of {FALLBACK_CAP} fetch per layer-step (run `python -m freetoken bench bw`)")
-        policy = FetchPolicy.fixed_cap(FALLBACK_CAP, fill)
+        policy = FetchPolicy.fixed_cap(FALLBACK_CAP, fill, order)
     log.info(f"hybrid: {policy.describe()}")
     return policy
+
+
+def cache_policy(backend: str, ec: EngineConfig, log: Log, profile_phi: float | None) -> FetchPolicy:
+    """The fill policy of a cached backend: fetch every miss (offload) or the hybrid rule."""
+    if backend == "offload":
+        return FetchPolicy.fetch_all(ec.moe_fill_order)
+    return hybrid_policy(ec, log, profile_phi)
+
+
+def prefill_as_decode(ids, xp, max_tokens: int, num_slots: int) -> bool:
+    """A short prefill chunk (fewer than max_tokens tokens, e.g. after a prefix hit) runs through
+    the expert cache like decode when its distinct experts fit the slots; longer chunks touch
+    nearly every expert and stream whole layers instead (threshold: docs/performance.md)."""
+    if ids.shape[0] >= max_tokens or num_slots <= 0:
+        return False
+    return int(xp.unique(ids).size) <= num_slots

@@ -18,7 +18,7 @@ import numpy as np
 
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
 from freetoken.moe.executor import CpuExecutor, overflow_ids
-from freetoken.moe.options import Log, cache_slots, choose_backend, hybrid_policy
+from freetoken.moe.options import Log, cache_policy, cache_slots, choose_backend, prefill_as_decode
 from freetoken.moe.pool import Bank, SlotPool, check_banks
 from freetoken.moe.residency import COUNTERS, SlotCache
 from freetoken.moe.split import FetchPolicy
@@ -38,10 +38,14 @@ class MoERuntime:
         self.executor = CpuExecutor(experts_op, cpu_threads) if needs_cpu else None
         self._counters = self.cache.counters if cached else {c: np.zeros(L, np.int64) for c in COUNTERS}
         self.prefill_calls = 0
+        self.prefill_decode_tokens = 0      # build_moe sets --moe-prefill-decode-tokens
 
     def forward(self, j: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                 prefill: bool = False) -> np.ndarray:
         """MoE layer j: x f32[T,H], ids int32[T,k] (not modified), weights f32[T,k] -> f32[T,H]."""
+        if prefill and self.cache is not None and prefill_as_decode(
+                ids, np, self.prefill_decode_tokens, self.cache.S):
+            prefill = False
         if prefill:
             self.prefill_calls += 1
             run = self._on_cpu if self.backend == "cpu" else self._direct
@@ -137,7 +141,9 @@ def build_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_op, 
     if backend in ("fused", "cpu"):
         return MoERuntime(backend, banks, experts_op, cpu_threads=ec.moe_cpu_threads)
     slots = cache_slots(len(banks), cfg.num_experts, cfg.num_experts_per_tok, ec, log)
-    policy = FetchPolicy.fetch_all() if backend == "offload" else hybrid_policy(ec, log, profile_phi)
+    policy = cache_policy(backend, ec, log, profile_phi)
     log.info(f"moe {backend}: {slots} expert slots for {len(banks)} layers x {cfg.num_experts} experts")
-    return MoERuntime(backend, banks, experts_op, policy=policy, num_slots=slots,
-                      cpu_threads=ec.moe_cpu_threads)
+    moe = MoERuntime(backend, banks, experts_op, policy=policy, num_slots=slots,
+                     cpu_threads=ec.moe_cpu_threads)
+    moe.prefill_decode_tokens = ec.moe_prefill_decode_tokens
+    return moe

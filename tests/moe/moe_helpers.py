@@ -57,7 +57,8 @@ def model_config(layers=L, experts=E, top_k=K):
 
 
 def engine(**kw):
-    return EngineConfig(**{"max_running_requests": 2, **kw})
+    # Prefill streams whole layers in these tests unless a test asks for the short-chunk path.
+    return EngineConfig(**{"max_running_requests": 2, "moe_prefill_decode_tokens": 0, **kw})
 
 
 def build(backend, banks, logs=None, **kw):

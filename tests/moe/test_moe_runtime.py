@@ -162,3 +162,24 @@ def test_close_joins_executor_threads():
         rt.close()
         rt.close()
     assert set(threading.enumerate()) == before
+
+
+def test_short_prefill_runs_through_the_cache_like_decode():
+    """--moe-prefill-decode-tokens: a short chunk uses the residency step (and counts as decode);
+    a long one, or one whose distinct experts exceed the slots, streams like any prefill."""
+    rng = np.random.default_rng(5)
+    cfg = model_config()
+    banks = random_banks(rng, len(cfg.moe_layers), cfg.num_experts, cfg.hidden_size,
+                         cfg.moe_intermediate_size)
+    ec = engine(moe_backend="offload", moe_cache_size=cfg.num_experts, moe_prefill_decode_tokens=4)
+    with build_moe(cfg, banks, ec, np_experts, lambda m: None) as rt:
+        x = rng.standard_normal((3, cfg.hidden_size), dtype=np.float32)
+        ids = np.zeros((3, cfg.num_experts_per_tok), np.int32)
+        ids[:, :] = np.arange(cfg.num_experts_per_tok)
+        w = np.full(ids.shape, 0.5, np.float32)
+        want = np_experts(x, ids, w, banks[0][0], banks[0][1])
+        np.testing.assert_allclose(rt.forward(0, x, ids, w, prefill=True), want, rtol=1e-5, atol=1e-6)
+        assert rt.stats()["prefill_calls"] == 0 and rt.stats()["total"]["misses"] > 0
+        long_x = np.repeat(x, 2, axis=0)
+        rt.forward(0, long_x, np.repeat(ids, 2, axis=0), np.repeat(w, 2, axis=0), prefill=True)
+        assert rt.stats()["prefill_calls"] == 1
