@@ -4,6 +4,9 @@ docs/performance.md ("CPU decode"), freetoken/models/synth.py, freetoken/kernels
     .venv/bin/python bench/decode_cpu.py [--models demo,synth:medium] [--rounds 3]
         [--prompt 64] [--decode 128] [--threads N] [--profile] [--out bench/results/decode_cpu.json]
 
+A model is 'demo' (the packaged one), a model directory or synth:NAME; MODEL@BACKEND sets the
+engine's moe_backend for that entry (e.g. synth:medium@fused), else --moe-backend applies.
+
 Batch 1, greedy, ignore_eos, through the public LLM API (so engine overheads count). Each model is
 loaded once and warmed up by one full run (numba compiles excluded); then the models run
 interleaved, round after round, with a fresh read-bandwidth measurement in each round, and the
@@ -30,7 +33,6 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -102,12 +104,14 @@ class OpTimer:
         self._undo = []
         ops = model.ops
         wrapped = {name: self._wrap(getattr(ops, name), name) for name in OP_NAMES}
+        wrapped["linear"] = self._wrap(ops.linear, "linear", by_shape=True)
         self._set(model, "ops", dataclasses.replace(ops, **wrapped))
         moe = core.moe
         self._set(moe, "forward", self._wrap(moe.forward, "moe.forward (total)"))
         if getattr(moe, "executor", None) is not None:
             self._set(moe.executor, "_op", self._wrap(moe.executor._op, "experts kernel (executor)"))
-        self._set(moe, "_op", self._wrap(moe._op, "experts kernel (direct)"))
+        if hasattr(moe, "_op"):
+            self._set(moe, "_op", self._wrap(moe._op, "experts kernel (direct)"))
 
         owner = core if hasattr(core, "forward") else model     # the engine's forward callable
         fwd = owner.forward
@@ -131,15 +135,21 @@ class OpTimer:
         self._undo.append((obj, name, old, had))
         setattr(obj, name, value)
 
-    def _wrap(self, fn, name):
+    def _wrap(self, fn, name, by_shape=False):
+        """fn timed under `name` (by_shape: under 'name [M,K]' of its second argument too)."""
         def timed(*a, **k):
             t0 = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
+                dt = time.perf_counter() - t0
                 ph = self.phase
-                self.t[ph][name] += time.perf_counter() - t0
+                self.t[ph][name] += dt
                 self.n[ph][name] += 1
+                if by_shape:
+                    sub = f"  {name} {list(a[1].shape)}"
+                    self.t[ph][sub] += dt
+                    self.n[ph][sub] += 1
         return timed
 
     def undo(self):
@@ -150,9 +160,16 @@ class OpTimer:
                 delattr(obj, name)
 
     def report(self, phase="decode") -> dict:
+        """{name: ms per step, calls per step}, slowest first; a by-shape row ('  linear [M,K]')
+        follows its op's row."""
         steps = max(self.steps[phase], 1)
-        return {name: dict(ms_per_step=1e3 * s / steps, calls_per_step=self.n[phase][name] / steps)
-                for name, s in sorted(self.t[phase].items(), key=lambda kv: -kv[1])}
+        t = self.t[phase]
+        order = []
+        for name in sorted((n for n in t if not n.startswith(" ")), key=lambda n: -t[n]):
+            order.append(name)
+            order += sorted((n for n in t if n.startswith(f"  {name} ")), key=lambda n: -t[n])
+        return {name: dict(ms_per_step=1e3 * t[name] / steps, calls_per_step=self.n[phase][name] / steps)
+                for name in order}
 
 
 def profile(llm, prompt, n_decode) -> dict:
@@ -172,7 +189,7 @@ def print_profile(name, prof):
     step = rows.get("engine: step (total)", {}).get("ms_per_step", 0.0)
     print(f"\n-- {name}: decode profile, {prof['decode_steps']} steps, {prof['decode_tok_s']:.1f} tok/s "
           f"with timers ({step:.2f} ms per step) --")
-    print(f"{'what':34s} {'ms/step':>8s} {'calls':>6s} {'% step':>7s}")
+    print(f"{'what':34s} {'ms/step':>8s} {'calls':>6s} {'% step':>7s}   (indented: part of the op above)")
     for what, r in rows.items():
         print(f"{what:34s} {r['ms_per_step']:8.3f} {r['calls_per_step']:6.0f} "
               f"{100 * r['ms_per_step'] / step if step else 0:6.1f}%")
