@@ -12,6 +12,7 @@ import signal
 import sys
 
 from freetoken.cli import add_config_flags, config_from_args
+from freetoken.commands.generate import add_sampling_flags
 
 PROMPT = "you> "
 HELP = """commands:
@@ -25,14 +26,7 @@ DEMO_HINT = 'The demo model was trained to answer "Write Python code." with code
 
 def register(sub) -> None:
     p = sub.add_parser("chat", help="interactive chat in the terminal (history, /reset, /stats)")
-    p.add_argument("--system", help="system message at the start of every conversation")
-    p.add_argument("--no-think", action="store_true", help="render with enable_thinking=False")
-    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default: 512)")
-    p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy (default: 0.7)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0: all (default: 0)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (default: 0)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    add_sampling_flags(p, max_tokens=512, temperature=0.7, top_p=0.95)
     add_config_flags(p)      # includes --seed: the seed of the session's sequence of reply seeds
     p.set_defaults(run=run)
 

@@ -12,19 +12,24 @@ def register(sub) -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", help="raw text prompt (no chat template)")
     what.add_argument("--chat", metavar="MESSAGE", help="one user message, rendered with the chat template")
-    p.add_argument("--system", help="system message for --chat")
-    p.add_argument("--no-think", action="store_true", help="--chat: render with enable_thinking=False")
-    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0: all (default: 0)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (default: 0)")
+    add_sampling_flags(p, max_tokens=128, temperature=0.0, top_p=1.0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--stats", action="store_true", help="print MoE cache counters at the end")
     p.add_argument("--record-routing", metavar="FILE", help="write every MoE layer's routed ids per step")
     add_config_flags(p)
     p.set_defaults(run=run)
+
+
+def add_sampling_flags(p, *, max_tokens: int, temperature: float, top_p: float) -> None:
+    """The chat-template and sampling flags that generate and chat share."""
+    p.add_argument("--system", help="system message for the chat template")
+    p.add_argument("--no-think", action="store_true", help="render the chat template with enable_thinking=False")
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"most tokens to generate (default: {max_tokens})")
+    p.add_argument("--temperature", type=float, default=temperature, help=f"0 is greedy (default: {temperature})")
+    p.add_argument("--top-p", type=float, default=top_p, help=f"nucleus sampling mass (default: {top_p})")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0: all (default: 0)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (default: 0)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
 
 
 def run(args) -> int:
