@@ -64,3 +64,27 @@ def engine(**kw):
 def build(backend, banks, logs=None, **kw):
     sink = logs.append if logs is not None else (lambda msg: None)
     return build_moe(model_config(), banks, engine(moe_backend=backend, **kw), np_experts, sink)
+
+
+def workload(rng, steps=40, prefill_every=0, prefill_tokens=(5, 6)):
+    """(j, x, ids, weights, prefill) calls over every layer: prefill steps (step 0, and every
+    prefill_every-th when > 0) of prefill_tokens[0]..prefill_tokens[1]-1 tokens, else decode
+    steps of 1-2 tokens."""
+    calls = []
+    for step in range(steps):
+        prefill = step == 0 or (prefill_every > 0 and step % prefill_every == 0)
+        T = int(rng.integers(*prefill_tokens)) if prefill else int(rng.integers(1, 3))
+        for j in range(L):
+            ids, w = random_routing(rng, T, E, K)
+            calls.append((j, rng.standard_normal((T, H), np.float32), ids, w, prefill))
+    return calls
+
+
+def run(rt, calls):
+    """Outputs of rt.forward over calls; checks forward never modifies the caller's ids."""
+    outs = []
+    for j, x, ids, w, prefill in calls:
+        before = ids.copy()
+        outs.append(rt.forward(j, x, ids, w, prefill=prefill))
+        assert np.array_equal(ids, before), "forward must not modify the caller's ids"
+    return outs

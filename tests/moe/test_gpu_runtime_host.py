@@ -3,7 +3,9 @@ the GPU runs (residency, fill plan, CPU branch, prefill buffers, rebuild), check
 the host runtime (runtime.py) and the fused backend."""
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, K, L, engine, model_config, np_experts, random_banks, random_routing
+from moe_helpers import E, H, I, K, L, engine, model_config, np_experts, random_banks, random_routing, run
+from moe_helpers import workload as _workload
+
 
 from freetoken.moe.cpu_branch import measure_handoff
 from freetoken.moe.device import HostDevice
@@ -11,6 +13,11 @@ from freetoken.moe.gpu_runtime import GpuMoERuntime, build_gpu_moe
 from freetoken.moe.host_pool import HostPool
 from freetoken.moe.runtime import build_moe
 from freetoken.moe.split import FetchPolicy
+
+
+def workload(rng):
+    """Prefill (3-6 tokens) every 10th step, decode otherwise."""
+    return _workload(rng, steps=30, prefill_every=10, prefill_tokens=(3, 7))
 
 VARIANTS = {
     "offload-small": ("offload", dict(moe_cache_size=5)),      # S < E: prefill in groups
@@ -24,15 +31,6 @@ VARIANTS = {
 }
 
 
-def workload(rng, steps=30, prefill_every=10):
-    calls = []
-    for step in range(steps):
-        prefill = step % prefill_every == 0
-        T = int(rng.integers(3, 7)) if prefill else int(rng.integers(1, 3))
-        for j in range(L):
-            ids, w = random_routing(rng, T, E, K)
-            calls.append((j, rng.standard_normal((T, H), np.float32), ids, w, prefill))
-    return calls
 
 
 def build(name, banks, logs=None, **kw):
@@ -42,13 +40,6 @@ def build(name, banks, logs=None, **kw):
                          sink, backend=backend, dev=HostDevice(), cpu_op=np_experts, **kw)
 
 
-def run(rt, calls):
-    outs = []
-    for j, x, ids, w, prefill in calls:
-        before = ids.copy()
-        outs.append(rt.forward(j, x, ids, w, prefill=prefill))
-        assert np.array_equal(ids, before), "forward must not modify the caller's ids"
-    return outs
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import threading
 
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, K, L, build, engine, model_config, np_experts, random_banks, random_routing
+from moe_helpers import E, H, I, K, L, build, engine, model_config, np_experts, random_banks, random_routing, run, workload
 
 from freetoken.config import ConfigError
 from freetoken.moe.runtime import build_moe
@@ -19,24 +19,8 @@ VARIANTS = {
 }
 
 
-def workload(rng, steps=40):
-    """(j, x, ids, weights, prefill) calls: a 5-token prefill, then decode steps of 1-2 tokens."""
-    calls = []
-    for step in range(steps):
-        T = 5 if step == 0 else int(rng.integers(1, 3))
-        for j in range(L):
-            ids, w = random_routing(rng, T, E, K)
-            calls.append((j, rng.standard_normal((T, H), np.float32), ids, w, step == 0))
-    return calls
 
 
-def run(rt, calls):
-    outs = []
-    for j, x, ids, w, prefill in calls:
-        before = ids.copy()
-        outs.append(rt.forward(j, x, ids, w, prefill=prefill))
-        assert np.array_equal(ids, before), "forward must not modify the caller's ids"
-    return outs
 
 
 @pytest.fixture(scope="module")
