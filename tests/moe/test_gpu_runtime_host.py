@@ -6,7 +6,6 @@ import pytest
 from moe_helpers import E, H, I, K, L, engine, model_config, np_experts, random_banks, random_routing, run
 from moe_helpers import workload as _workload
 
-
 from freetoken.moe.cpu_branch import measure_handoff
 from freetoken.moe.device import HostDevice
 from freetoken.moe.gpu_runtime import GpuMoERuntime, build_gpu_moe
@@ -18,6 +17,7 @@ from freetoken.moe.split import FetchPolicy
 def workload(rng):
     """Prefill (3-6 tokens) every 10th step, decode otherwise."""
     return _workload(rng, steps=30, prefill_every=10, prefill_tokens=(3, 7))
+
 
 VARIANTS = {
     "offload-small": ("offload", dict(moe_cache_size=5)),      # S < E: prefill in groups
