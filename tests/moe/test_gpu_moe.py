@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, K, L, engine, model_config, random_banks, random_routing
+from moe_helpers import E, H, I, L, engine, model_config, random_banks
+from moe_helpers import workload as shared_workload
 
 from freetoken.config import EngineConfig
 
@@ -67,15 +68,8 @@ def build(backend, banks, host=None, **kw):
 
 
 def workload(seed, steps=24, prefill_every=8):
-    rng = np.random.default_rng(seed)
-    calls = []
-    for step in range(steps):
-        prefill = step % prefill_every == 0
-        T = int(rng.integers(5, 40)) if prefill else int(rng.integers(1, 3))
-        for j in range(L):
-            ids, w = random_routing(rng, T, E, K)
-            calls.append((j, rng.standard_normal((T, H), np.float32), ids, w, prefill))
-    return calls
+    """Prefill (5-39 tokens) every prefill_every-th step, decode otherwise."""
+    return shared_workload(np.random.default_rng(seed), steps, prefill_every, prefill_tokens=(5, 40))
 
 
 def run(rt, calls):
