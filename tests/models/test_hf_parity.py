@@ -32,14 +32,20 @@ def teacher_forced_logits(llm: LLM, ids: np.ndarray) -> np.ndarray:
         core.kv.free(slots.tolist())
 
 
+def run_fixture(name: str, variant: str, backend: str):
+    """(llm, expected arrays, teacher-forced logits over prompt + greedy[:-1])."""
+    d = FIXTURES / name / variant
+    exp = np.load(d / "expected.npz")
+    llm = LLM(str(d), backend=backend, moe_backend="fused")
+    ids = np.concatenate([exp["prompt_ids"], exp["greedy_ids"][:-1]])
+    return llm, exp, teacher_forced_logits(llm, ids)
+
+
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_fp32_logits_and_greedy_tokens(name, backend):
-    d = FIXTURES / name / "fp32"
-    exp = np.load(d / "expected.npz")
-    llm = LLM(str(d), backend=backend, moe_backend="fused")
+    llm, exp, logits = run_fixture(name, "fp32", backend)
     prompt, greedy = exp["prompt_ids"], exp["greedy_ids"]
-    logits = teacher_forced_logits(llm, np.concatenate([prompt, greedy[:-1]]))
     P = len(prompt)
     np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
     np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
@@ -50,11 +56,8 @@ def test_fp32_logits_and_greedy_tokens(name, backend):
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_bf16_logits_close(name, backend):
-    d = FIXTURES / name / "bf16"
-    exp = np.load(d / "expected.npz")
-    llm = LLM(str(d), backend=backend, moe_backend="fused")
-    prompt, greedy = exp["prompt_ids"], exp["greedy_ids"]
-    logits = teacher_forced_logits(llm, np.concatenate([prompt, greedy[:-1]]))[len(prompt) - 1:]
+    _, exp, logits = run_fixture(name, "bf16", backend)
+    logits = logits[len(exp["prompt_ids"]) - 1:]
     np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
     sure = exp["step_top2_margin"] > 1.0
     assert (logits.argmax(1)[sure] == exp["step_logits"].argmax(1)[sure]).all()
