@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from freetoken.cupy_loader import cupy as load_cupy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -54,7 +55,7 @@ def decode_batch(core, B: int, context: int, rng):
 
 def step_times(core, graphs, batch, steps: int) -> dict:
     """Median ms of one decode step, eager (inputs to device, forward) and graph replay."""
-    import cupy as cp
+    cp = load_cupy()
 
     def timed(fn):
         times = []

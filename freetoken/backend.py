@@ -9,6 +9,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
+from freetoken.cupy_loader import cupy as load_cupy
 
 OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
             "experts", "sampling")
@@ -44,7 +45,7 @@ class Ops:
 def cuda_unavailable_reason() -> str | None:
     """None when CuPy sees a CUDA device, else a sentence saying why not."""
     try:
-        import cupy
+        cupy = load_cupy()
     except ImportError:
         return "CuPy is not installed (pip install 'freetoken[cuda12]' or 'freetoken[cuda13]')"
     try:
@@ -104,7 +105,7 @@ def get_ops(name: str) -> Ops:
     modules = {op: importlib.import_module(f"freetoken.kernels.{op}") for op in OP_NAMES}
     if name == "cuda":
         resolve_backend("cuda")
-        import cupy as xp
+        xp = load_cupy()
         return Ops(name=name, xp=xp, **{op: _eager(op, m.gpu, xp) for op, m in modules.items()})
     import numpy as xp
     return Ops(name=name, xp=xp, **{op: getattr(m, name, None) or m.ref for op, m in modules.items()})

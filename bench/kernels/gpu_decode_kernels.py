@@ -22,13 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from freetoken.kernels import attention, experts, linear  # noqa: E402
+from freetoken.cupy_loader import cupy as load_cupy
 
 COLD_BYTES = 256 << 20  # weight copies cycled per timing: over 4x the H200's L2
 
 
 def time_graph(calls, iters):
     """Seconds per call: calls(i) launches call i; iters of them in one graph, replayed 3 times."""
-    import cupy as cp
+    cp = load_cupy()
     for i in range(2):
         calls(i)                                   # compile, size scratch, outside the capture
     stream = cp.cuda.Stream(non_blocking=True)
@@ -49,7 +50,7 @@ def time_graph(calls, iters):
 
 def copy_bandwidth(nbytes=1 << 30):
     """Device copy GB/s counting bytes read plus bytes written."""
-    import cupy as cp
+    cp = load_cupy()
     src, dst = cp.ones(nbytes // 4, cp.float32), cp.empty(nbytes // 4, cp.float32)
     sec = time_graph(lambda i: dst.__setitem__(Ellipsis, src), 10)
     return 2 * nbytes / sec / 1e9
@@ -58,7 +59,7 @@ def copy_bandwidth(nbytes=1 << 30):
 def bf16(shape):
     """Random positive bf16 bits in [2^-7, 1): no overflow in K <= 1e5 dot products. Drawn on
     the device: the expert banks are gigabytes."""
-    import cupy as cp
+    cp = load_cupy()
     return cp.random.randint(0x3c00, 0x3f80, size=shape, dtype=cp.int32).astype(cp.uint16)
 
 
@@ -68,7 +69,7 @@ def copies(make, nbytes):
 
 
 def bench_linear(rng, T, K, M, iters):
-    import cupy as cp
+    cp = load_cupy()
     ws = copies(lambda: bf16((M, K)), 2 * M * K)
     x, out = cp.asarray(rng.standard_normal((T, K), dtype=np.float32)), cp.empty((T, M), cp.float32)
     sec = time_graph(lambda i: linear.gpu(x, ws[i % len(ws)], out), iters)
@@ -76,7 +77,7 @@ def bench_linear(rng, T, K, M, iters):
 
 
 def bench_experts(rng, T, H, I, E, k, iters):
-    import cupy as cp
+    cp = load_cupy()
     banks = copies(lambda: (bf16((E, 2 * I, H)), bf16((E, H, I))), 6 * E * H * I)
     routes = [np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32) for _ in range(8)]
     ids = [cp.asarray(r) for r in routes]
@@ -88,7 +89,7 @@ def bench_experts(rng, T, H, I, E, k, iters):
 
 
 def bench_attention(rng, B, C, Hq, G, D, iters):
-    import cupy as cp
+    cp = load_cupy()
     N = B * C
     kvs = copies(lambda: (bf16((N, G, D)), bf16((N, G, D))), 4 * N * G * D)
     table = cp.asarray(rng.permutation(N).astype(np.int32).reshape(B, C))
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50, help="calls per captured graph (default 50)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/gpu_decode_kernels.json"))
     args = ap.parse_args(argv)
-    import cupy as cp
+    cp = load_cupy()
     rng = np.random.default_rng(0)
     copy_gbs = copy_bandwidth()
     device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()

@@ -20,6 +20,7 @@ from datetime import datetime
 import numpy as np
 
 from freetoken.log import logger
+from freetoken.cupy_loader import cupy as load_cupy
 
 WARMUP = 8
 
@@ -103,7 +104,7 @@ class FillBench:
     """The production fill kernel copying k cold rows, pinned host bank -> slots, per call."""
 
     def __init__(self, host_pool, shape):
-        import cupy as cp
+        cp = load_cupy()
 
         from freetoken.moe.residency_gpu import GpuResidency
         gu, dn = host_pool.banks[0].gate_up, host_pool.banks[0].down

@@ -8,6 +8,7 @@ import importlib
 import time
 
 import numpy as np
+from freetoken.cupy_loader import cupy as load_cupy
 
 
 def register(sub) -> None:
@@ -120,7 +121,7 @@ def _ix(index):
 
 def _xp(device):
     if device == "cuda":
-        import cupy
+        cupy = load_cupy()
         return cupy
     return np
 
@@ -146,7 +147,7 @@ def _share(value, peak, unit):
 def time_gpu(fn, case, iters) -> float:
     """Seconds per call: ``iters`` calls captured into one CUDA graph (launch overhead out),
     replayed once to warm up, then timed with events."""
-    import cupy
+    cupy = load_cupy()
     from freetoken.kernels import cases
     ins, out = cases.run(fn, case, cupy)         # compiles the module outside the capture
     call = (lambda: fn(*ins, out)) if out is not None else (lambda: fn(*ins))
@@ -179,7 +180,7 @@ def time_cpu(fn, case, iters) -> float:
 def gpu_peaks() -> tuple[float | None, float | None, str]:
     """(GB/s, fp32 TFLOP/s, description) from the device's attributes: DRAM bandwidth is
     2 transfers/clock x memory clock x bus width; fp32 is SMs x FMA lanes x 2 x SM clock."""
-    import cupy
+    cupy = load_cupy()
     rt = cupy.cuda.runtime
     dev = cupy.cuda.Device().id
 

@@ -16,6 +16,7 @@ from freetoken.engine.request import Request, SamplingParams, Status
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
 from freetoken.log import logger
+from freetoken.cupy_loader import cupy as load_cupy
 
 KV_DEFAULT_BUDGET_BYTES = 1 << 30   # default KV pool cap when --num-kv-tokens is not given
 
@@ -78,7 +79,7 @@ class EngineCore:
         cache and workspace; sizes the user did not give come from the plan (one log line)."""
         if self.ops.name != "cuda":
             return
-        import cupy
+        cupy = load_cupy()
         from freetoken.engine.gpu_budget import plan_gpu_memory
         plan = plan_gpu_memory(self.model_config, self.config, cupy.cuda.runtime.memGetInfo()[0])
         logger.info("GPU memory plan: %s (%s)", plan.describe(), plan.capped_by)
@@ -141,7 +142,7 @@ class EngineCore:
 
     def _gpu_moe_choice(self, banks):
         """--moe-backend with auto resolved from the bandwidth profile (one log line), and phi."""
-        import cupy
+        cupy = load_cupy()
         from freetoken.moe.device import gpu_identity
         from freetoken.moe.profile import decide_backend, load_profile, phi
         fmt = "bf16" if banks[0][0].dtype == np.uint16 else "f32"

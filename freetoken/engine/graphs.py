@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from freetoken.models.qwen3_moe import ForwardBatch
+from freetoken.cupy_loader import cupy as load_cupy, cupyx as load_cupyx
 
 INPUTS = ("ids", "positions", "tok_seq", "slots", "last_index")  # int32[B] each; then slot_table
 
@@ -40,8 +41,8 @@ def _views(buf, B: int, C: int) -> dict:
 def _static_inputs(B: int, C: int):
     """A pinned host mirror and its device copy, holding a harmless first step: token b is
     position 0 of sequence b, written to and read from KV slot b."""
-    import cupy
-    import cupyx
+    cupy = load_cupy()
+    cupyx = load_cupyx()
     host = cupyx.zeros_pinned((len(INPUTS) * B + B * C,), np.int32)
     v, b = _views(host, B, C), np.arange(B, dtype=np.int32)
     for name in ("tok_seq", "slots", "last_index"):
@@ -52,7 +53,7 @@ def _static_inputs(B: int, C: int):
 
 def _record(model, batch: ForwardBatch, stream, pool):
     """Warm up eagerly (kernel modules load, op scratch grows), then capture one forward."""
-    import cupy
+    cupy = load_cupy()
     cupy.cuda.Device().synchronize()   # weights and KV uploaded on other streams are in place
     with stream:
         model.forward(batch)
@@ -94,7 +95,7 @@ class DecodeGraph:
         """Capture model.forward for decode batches of `batch_size` sequences with contexts up
         to `max_context`. `pool`: the shared graph MemoryPool; `stream`: a non-default stream
         (the legacy default stream cannot be captured)."""
-        import cupy
+        cupy = load_cupy()
         pool = pool if pool is not None else cupy.cuda.MemoryPool()
         stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
         B, C = batch_size, max_context
@@ -110,7 +111,7 @@ class DecodeGraph:
         launch on the current stream; returns logits f32[B, V], overwritten by the next replay.
         Columns of slot_table past the batch's width keep stale values: attention reads row s
         only up to the token's position, which is inside the batch's width."""
-        import cupy
+        cupy = load_cupy()
         B, C = self.batch_size, batch.slot_table.shape[1]
         assert not batch.prefill and batch.ids.shape == (B,), (batch.prefill, batch.ids.shape)
         assert batch.slot_table.shape[0] == B and C <= self.max_context, batch.slot_table.shape
@@ -139,7 +140,7 @@ class DecodeGraphs:
         """Capture every batch size, largest first so the smaller graphs fit in its pool."""
         if not self.enabled:
             return
-        import cupy
+        cupy = load_cupy()
         pool, stream = cupy.cuda.MemoryPool(), cupy.cuda.Stream(non_blocking=True)
         for B in range(self.max_batch, 0, -1):
             self.graphs[B] = DecodeGraph.capture(self.model, B, self.max_context, pool=pool,

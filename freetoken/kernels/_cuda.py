@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from freetoken.env import flag
+from freetoken.cupy_loader import cupy as load_cupy
 
 # What a declared argument type in an ``ARGS`` table means: array dtype for pointers, the exact
 # numpy scalar type for values (a Python int would be passed as int64 and misread as int32).
@@ -52,7 +53,7 @@ def compile_options(include_dir) -> tuple[str, ...]:
 @functools.cache
 def module(name: str):
     """The RawModule of cuda/<name>.cu, built once per process (CuPy also caches on disk)."""
-    import cupy
+    cupy = load_cupy()
     d = cuda_dir()
     return cupy.RawModule(code=read_source(d / f"{name}.cu"), options=compile_options(d))
 
@@ -76,7 +77,7 @@ def launch(kern, grid, block, args, shared_mem=0) -> None:
     except Exception as e:
         raise RuntimeError(f"launch of kernel {entry} failed: {e}") from e
     if flag("SYNC_LAUNCH"):
-        import cupy
+        cupy = load_cupy()
         stream = cupy.cuda.get_current_stream()
         if stream.is_capturing():
             return

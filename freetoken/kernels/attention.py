@@ -9,6 +9,7 @@ import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._numba import HOT, axpy, dot, njit, prange, split_x, weight_rows
+from freetoken.cupy_loader import cupy as load_cupy
 
 
 def ref(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
@@ -126,7 +127,7 @@ def _scratch(like, nbytes: int):
     host bytes (the wrapper dry runs of the tests)."""
     if isinstance(like, np.ndarray):
         return np.empty(nbytes, np.uint8)
-    import cupy
+    cupy = load_cupy()
     bufs = _SCRATCH.setdefault(cupy.cuda.Device().id, [])
     if not bufs or bufs[-1].nbytes < nbytes:
         bufs.append(cupy.empty(1 << max(nbytes - 1, 0).bit_length(), cupy.uint8))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+from freetoken.cupy_loader import cupy as load_cupy
 
 
 class HostDevice:
@@ -72,7 +73,7 @@ class CudaDevice:
     name = "cuda"
 
     def __init__(self):
-        import cupy
+        cupy = load_cupy()
         self._cp = self.xp = cupy
         self._copy = cupy.cuda.Stream(non_blocking=True)   # never implicitly ordered with compute
 
@@ -138,7 +139,7 @@ def gpu_identity() -> tuple[str, str] | None:
     try:
         import uuid
 
-        import cupy
+        cupy = load_cupy()
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     except Exception:
         return None

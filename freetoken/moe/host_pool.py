@@ -17,6 +17,7 @@ import numpy as np
 from freetoken.moe.options import Log
 from freetoken.moe.pool import Bank, check_banks
 from freetoken.progress import progress
+from freetoken.cupy_loader import cupy as load_cupy
 
 PORTABLE, MAPPED = 1, 2        # cudaHostRegister / cudaHostAlloc flags (same values for both)
 
@@ -74,7 +75,7 @@ def pin_host_pool(banks, log=None, *, desc: str = "pinning host experts") -> Hos
     log, banks = Log(log), _as_banks(banks)
     handles, pinned = [], []
     try:
-        import cupy
+        cupy = load_cupy()
         in_place = _can_register_in_place(cupy)
         for bank in progress(banks, total=len(banks), desc=desc):
             pinned.append(Bank(*(_pin(cupy, a, in_place, handles) for a in (bank.gate_up, bank.down))))
@@ -133,7 +134,7 @@ def _pin(cupy, a: np.ndarray, in_place: bool, handles: list) -> np.ndarray:
 def _release(handles) -> None:
     if not handles:
         return
-    import cupy
+    cupy = load_cupy()
     for kind, h in reversed(handles):
         if kind == "registered":
             try:
@@ -144,6 +145,6 @@ def _release(handles) -> None:
 
 
 def _device_view(a: np.ndarray):
-    import cupy
+    cupy = load_cupy()
     mem = cupy.cuda.UnownedMemory(a.ctypes.data, a.nbytes, a, cupy.cuda.Device().id)
     return cupy.ndarray(a.shape, a.dtype, cupy.cuda.MemoryPointer(mem, 0))

@@ -20,6 +20,7 @@ import numpy as np
 
 from freetoken.moe.residency import COUNTERS, Fills, SlotCache
 from freetoken.moe.split import FetchPolicy
+from freetoken.cupy_loader import cupy as load_cupy
 
 ARGS = {  # launch order of each entry point of cuda/residency.cu
     "residency_step_i32": (
@@ -76,7 +77,7 @@ class GpuResidency:
     """Device residency state of L layers x E experts over S slots (CuPy arrays, current stream)."""
 
     def __init__(self, num_layers: int, num_experts: int, num_slots: int):
-        import cupy as cp
+        cp = load_cupy()
         if not 1 <= num_experts <= MAX_EXPERTS or min(num_layers, num_slots) < 1:
             raise ValueError(f"GpuResidency: need L, S >= 1 and 1 <= E <= {MAX_EXPERTS}, got "
                              f"{num_layers}, {num_experts}, {num_slots}")

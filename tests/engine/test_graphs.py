@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_close
+from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 MAX_BATCH, MAX_CONTEXT = 4, 512
@@ -60,7 +61,7 @@ class FusedMoE:
 
 @pytest.fixture(scope="module")
 def demo():
-    import cupy as cp
+    cp = load_cupy()
 
     from freetoken.backend import get_ops
     from freetoken.config import ModelConfig

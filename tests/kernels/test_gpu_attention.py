@@ -11,6 +11,7 @@ from freetoken.kernels._bf16 import from_f32
 from tests.helpers import assert_close
 from tests.kernels.test_gpu_experts import poison_scratch
 from tests.kernels.test_gpu_linear import dry_run
+from freetoken.cupy_loader import cupy as load_cupy
 
 DECODE = [  # context length per sequence (one new token each), G, rep, D
     ([1], 4, 1, 64), ([5], 2, 2, 128), ([300, 17, 1], 2, 4, 32), ([40, 3000], 1, 8, 128),
@@ -44,7 +45,7 @@ def case(lens, new, G, rep, D, dtype, seed=0):
 
 
 def _check(name, args):
-    import cupy as cp
+    cp = load_cupy()
     dev = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
     out = cp.full(args[0].shape, np.nan, cp.float32)
     attention.gpu(*dev, out)                      # sizes the scratch

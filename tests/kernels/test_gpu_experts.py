@@ -9,6 +9,7 @@ from freetoken.kernels import attention, experts
 from freetoken.kernels._bf16 import from_f32
 from tests.helpers import assert_close
 from tests.kernels.test_gpu_linear import dry_run
+from freetoken.cupy_loader import cupy as load_cupy
 
 CASES = [  # T, H, I, S, k
     (1, 64, 32, 5, 2), (3, 96, 40, 9, 4), (7, 200, 72, 9, 4), (16, 96, 33, 6, 3),      # GEMV
@@ -46,7 +47,7 @@ def poison_scratch():
 
 
 def _run(T, H, I, S, k, dtype, seed=0):
-    import cupy as cp
+    cp = load_cupy()
     rng = np.random.default_rng(seed + T * H + I)
     gate_up, down = pool(rng, S, H, I, dtype)
     ids, w = routing(rng, T, S, k)
@@ -83,7 +84,7 @@ def test_gpu_many_tiles_per_expert_and_strided_blocks(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [2, 40])
 def test_gpu_all_ids_negative_gives_zeros(T):
-    import cupy as cp
+    cp = load_cupy()
     rng = np.random.default_rng(T)
     gate_up, down = (cp.asarray(a) for a in pool(rng, 3, 64, 32, "bf16"))
     out = cp.full((T, 64), np.nan, cp.float32)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from freetoken.kernels import kv_write
+from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 CASES = [(1, 1, 64, 3), (3, 4, 128, 17), (7, 2, 96, 7), (33, 8, 128, 100)]
@@ -12,7 +13,7 @@ CASES = [(1, 1, 64, 3), (3, 4, 128, 17), (7, 2, 96, 7), (33, 8, 128, 100)]
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
 @pytest.mark.parametrize("T,G,D,N", CASES)
 def test_gpu_matches_ref(T, G, D, N, dtype):
-    import cupy as cp
+    cp = load_cupy()
     rng = np.random.default_rng(T + G + D + N)
     k = rng.standard_normal((T, G, D)).astype(np.float32)
     v = rng.standard_normal((T, G, D)).astype(np.float32)
@@ -28,7 +29,7 @@ def test_gpu_matches_ref(T, G, D, N, dtype):
 
 
 def test_gpu_skips_out_of_range_slots():
-    import cupy as cp
+    cp = load_cupy()
     kc = cp.zeros((4, 1, 32), cp.float32)
     vc = cp.zeros((4, 1, 32), cp.float32)
     ones = cp.ones((3, 1, 32), cp.float32)

@@ -7,6 +7,7 @@ import pytest
 from freetoken.kernels import _cuda, linear
 from freetoken.kernels._bf16 import from_f32
 from tests.helpers import assert_close
+from freetoken.cupy_loader import cupy as load_cupy
 
 CASES = [(1, 64, 5), (3, 40, 7), (8, 256, 9), (5, 33, 3), (9, 72, 70), (67, 100, 130),
          (2, 2048, 4096), (130, 2048, 768), (4, 2048, 32000), (1, 4096, 2048)]
@@ -44,7 +45,7 @@ def _inputs(T, K, M, dtype, seed=0):
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 @pytest.mark.parametrize("T,K,M", CASES, ids=[f"T{t}-K{k}-M{m}" for t, k, m in CASES])
 def test_gpu_matches_ref(T, K, M, dtype):
-    import cupy as cp
+    cp = load_cupy()
     x, w = _inputs(T, K, M, dtype)
     out = cp.full((T, M), np.nan, cp.float32)
     assert linear.gpu(cp.asarray(x), cp.asarray(w), out) is out
@@ -56,7 +57,7 @@ def test_gpu_matches_ref(T, K, M, dtype):
 def test_gpu_misaligned_views(T):
     """Views starting one element into an allocation: 16-byte loads would fault, so the kernels
     must notice and take the scalar path."""
-    import cupy as cp
+    cp = load_cupy()
     x, w = _inputs(T, 64, 40, "bf16", seed=1)
     xs = cp.empty(T * 64 + 1, cp.float32)[1:].reshape(T, 64)
     ws = cp.empty(40 * 64 + 1, cp.uint16)[1:].reshape(40, 64)
@@ -68,7 +69,7 @@ def test_gpu_misaligned_views(T):
 
 @pytest.mark.gpu
 def test_gpu_zero_tokens_launch_nothing():
-    import cupy as cp
+    cp = load_cupy()
     out = cp.empty((0, 8), cp.float32)
     assert linear.gpu(cp.empty((0, 16), cp.float32), cp.ones((8, 16), cp.uint16), out) is out
 

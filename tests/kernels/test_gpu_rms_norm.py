@@ -5,6 +5,7 @@ import pytest
 from freetoken.kernels import rms_norm
 from freetoken.kernels._bf16 import from_f32
 from tests.helpers import assert_close
+from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (5, 1000), (2, 4096), (1, 7)]
@@ -20,7 +21,7 @@ def _inputs(R, H, dtype):
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 @pytest.mark.parametrize("R,H", CASES, ids=[f"R{r}-H{h}" for r, h in CASES])
 def test_gpu_matches_ref(R, H, dtype):
-    import cupy as cp
+    cp = load_cupy()
     x, w = _inputs(R, H, dtype)
     out = cp.full((R, H), np.nan, cp.float32)
     assert rms_norm.gpu(cp.asarray(x), cp.asarray(w), 1e-6, out) is out
@@ -28,7 +29,7 @@ def test_gpu_matches_ref(R, H, dtype):
 
 
 def test_gpu_in_place():
-    import cupy as cp
+    cp = load_cupy()
     x, w = _inputs(9, 128, "bf16")
     xd = cp.asarray(x)
     rms_norm.gpu(xd, cp.asarray(w), 1e-5, xd)
@@ -36,6 +37,6 @@ def test_gpu_in_place():
 
 
 def test_gpu_zero_rows_launch_nothing():
-    import cupy as cp
+    cp = load_cupy()
     out = cp.empty((0, 64), cp.float32)
     rms_norm.gpu(cp.empty((0, 64), cp.float32), cp.ones(64, cp.float32), 1e-6, out)

@@ -5,6 +5,7 @@ import pytest
 
 from freetoken.kernels import rope
 from tests.helpers import assert_close
+from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 # (T, heads, D, rotary dims R): odd T, one head, partial rotary (Qwen3.5: R = D/4), R = D
@@ -21,7 +22,7 @@ def _inputs(T, nh, D, R):
 
 @pytest.mark.parametrize("T,nh,D,R", CASES, ids=[f"T{t}-h{h}-D{d}-R{r}" for t, h, d, r in CASES])
 def test_gpu_matches_ref(T, nh, D, R):
-    import cupy as cp
+    cp = load_cupy()
     x, pos, inv_freq = _inputs(T, nh, D, R)
     out = cp.full(x.shape, np.nan, cp.float32)
     assert rope.gpu(cp.asarray(x), cp.asarray(pos), cp.asarray(inv_freq), out) is out
@@ -30,7 +31,7 @@ def test_gpu_matches_ref(T, nh, D, R):
 
 
 def test_gpu_in_place():
-    import cupy as cp
+    cp = load_cupy()
     x, pos, inv_freq = _inputs(5, 3, 64, 32)
     xd = cp.asarray(x)
     rope.gpu(xd, cp.asarray(pos), cp.asarray(inv_freq), xd)

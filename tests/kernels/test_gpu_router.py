@@ -5,13 +5,14 @@ import pytest
 
 from freetoken.kernels import router
 from tests.helpers import assert_close
+from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 CASES = [(1, 8, 1), (3, 60, 4), (7, 128, 8), (33, 256, 8), (5, 512, 10), (2, 33, 32), (4, 7, 7)]
 
 
 def _run(logits, k, norm):
-    import cupy as cp
+    cp = load_cupy()
     T = logits.shape[0]
     out = (cp.full((T, k), -7, cp.int32), cp.full((T, k), np.nan, cp.float32))
     assert router.gpu(cp.asarray(logits), k, norm, out) is out

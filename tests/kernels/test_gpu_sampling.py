@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from freetoken.kernels import sampling
+from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 NUDGE = 2e-5
@@ -30,7 +31,7 @@ def _accepted(z, t, k, p, mp, u):
 
 
 def _check(logits, temperature, top_k, top_p, min_p, uniforms):
-    import cupy as cp
+    cp = load_cupy()
     B = logits.shape[0]
     params = [np.asarray(a, dt) for a, dt in ((temperature, np.float32), (top_k, np.int32),
                                              (top_p, np.float32), (min_p, np.float32),

@@ -13,6 +13,7 @@ from moe_helpers import E, H, I, L, engine, model_config, random_banks
 from moe_helpers import workload as shared_workload
 
 from freetoken.config import EngineConfig
+from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -73,7 +74,7 @@ def workload(seed, steps=24, prefill_every=8):
 
 
 def run(rt, calls):
-    import cupy as cp
+    cp = load_cupy()
     outs = []
     for j, x, ids, w, prefill in calls:
         dev_ids = cp.asarray(ids)

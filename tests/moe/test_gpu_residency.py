@@ -13,6 +13,7 @@ import pytest
 from freetoken.moe.residency import COUNTERS, SlotCache
 from freetoken.moe.residency_gpu import ORDERS, invalidate_mirror, policy_args
 from freetoken.moe.split import FetchPolicy
+from freetoken.cupy_loader import cupy as load_cupy
 
 POLICIES = {
     "all": FetchPolicy.fetch_all(),
@@ -176,7 +177,7 @@ def _device_state(res):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("case", CASES, ids=[f"L{c[0]}E{c[1]}k{c[2]}T{c[3]}S{c[4]}" for c in CASES])
 def test_kernel_matches_spec(case, policy):
-    import cupy as cp
+    cp = load_cupy()
 
     from freetoken.moe.residency_gpu import GpuResidency
     L, E, k, max_t, S = case
@@ -200,7 +201,7 @@ def test_kernel_matches_spec(case, policy):
 
 @pytest.mark.gpu
 def test_invalidate_and_count_kernels():
-    import cupy as cp
+    cp = load_cupy()
 
     from freetoken.moe.residency_gpu import GpuResidency
     rng = np.random.default_rng(3)
@@ -223,7 +224,7 @@ def test_invalidate_and_count_kernels():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
 def test_fill_and_prefill_copies(dtype):
-    import cupy as cp
+    cp = load_cupy()
 
     from freetoken.moe.host_pool import pin_host_pool
     from freetoken.moe.residency_gpu import GpuResidency
