@@ -9,6 +9,7 @@
 // residency_step_i32: ONE block of RES_THREADS threads per MoE layer call, the eight parts in
 //   order with a barrier between phases. A single block because the victim scan must see this
 //   step's hit bumps (upstream pitfall 1) and the fills are a sequence of dependent argmins.
+//   q = min(policy count, S - hits): any S >= 1 works, the unfetched misses go to the CPU.
 //   Dynamic shared memory: 3*E ints (routed flags, misses as found, misses in fill order).
 // residency_invalidate_i32: slots [lo, hi) become empty and coldest (usage 0); used when prefill
 //   borrows them. Any grid.
@@ -96,8 +97,9 @@ __device__ Victim block_coldest(Victim v, Victim* scratch) {
 }
 
 // Part 5: the q victims are the q coldest unprotected slots, taken one at a time. Only the thread
-// whose stride holds the last victim rescans. Thread 0 links; returns fills done (q when S holds
-// the step's distinct experts, which build time guarantees) and counts evictions.
+// whose stride holds the last victim rescans. Thread 0 links; returns fills done and counts
+// evictions. The caller bounds q by the S - hits unprotected slots, so a victim always exists;
+// the break only keeps an inconsistent state from linking slot -1.
 __device__ int take_victims(int q, const int* fill_order, int layer, int E, int S, long long now,
                             int* slot_for, int* owner_of, long long* usage, const int* routed,
                             int* fill_slots, int* fill_experts, int* evictions) {
@@ -155,7 +157,9 @@ extern "C" __global__ void __launch_bounds__(RES_THREADS) residency_step_i32(
     fill_order[rank] = found[i];
   }
   __syncthreads();
-  const int q = policy_count(m, kind, frac_q16, cap, min_fill);  // part 4
+  // Part 4, bounded by the evictable slots: each hit pins one slot, so at most S - hits fills fit
+  // (any S works; the misses left over run on the CPU).
+  const int q = (int)lmin(policy_count(m, kind, frac_q16, cap, min_fill), S - s_hits);
   int evictions = 0;
   const int done = take_victims(q, fill_order, layer, E, S, now, slot_for, owner_of, usage,
                                 routed, fill_slots, fill_experts, &evictions);  // part 5

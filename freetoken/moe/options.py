@@ -64,8 +64,14 @@ def step_need(num_experts: int, top_k: int, max_running: int) -> int:
     return min(max(1, max_running) * top_k, num_experts)
 
 
-def cache_slots(num_layers: int, num_experts: int, top_k: int, ec: EngineConfig, log: Log) -> int:
-    """S from --moe-cache-size or --moe-cache-rate (ceil of rate * L*E); default 25%, >= one step."""
+def cache_slots(num_layers: int, num_experts: int, top_k: int, ec: EngineConfig, log: Log,
+                backend: str | None = None) -> int:
+    """S from --moe-cache-size or --moe-cache-rate (ceil of rate * L*E); default 25%, >= one step.
+
+    backend (default ec.moe_backend): hybrid runs at any S >= 1 (a step fetches at most its
+    evictable slots, the rest runs on the CPU). Any other backend -- offload, or one not resolved
+    yet -- fetches every miss, so a cache below one decode step's need is an error here; at start-up
+    cache_plan turns that case into hybrid instead."""
     size, rate, total = ec.moe_cache_size, ec.moe_cache_rate, num_layers * num_experts
     need = step_need(num_experts, top_k, ec.max_running_requests)
     if size > 0 and rate > 0:
@@ -82,11 +88,12 @@ def cache_slots(num_layers: int, num_experts: int, top_k: int, ec: EngineConfig,
         slots = max(math.ceil(DEFAULT_CACHE_RATE * total), need)
         log.info(f"expert cache: {slots} slots by default ({DEFAULT_CACHE_RATE:.0%} of {total} "
                  f"experts, at least one step's {need})")
-    if slots < need:
+    if slots < need and (backend or ec.moe_backend) != "hybrid":
         raise ConfigError(
             f"expert cache of {slots} slots is too small: one decode step can route {need} distinct "
             f"experts in a layer (max_running_requests {ec.max_running_requests} x top-{top_k}, "
-            f"capped at E={num_experts}); give --moe-cache-size >= {need}")
+            f"capped at E={num_experts}) and offload fetches every miss; give --moe-cache-size >= "
+            f"{need} or --moe-backend hybrid, which runs at any cache size")
     if slots > total:
         log.info(f"expert cache: {slots} slots asked, {total} (= L*E) are enough; using {total}")
         slots = total
@@ -116,6 +123,27 @@ def cache_policy(backend: str, ec: EngineConfig, log: Log, profile_phi: float | 
     if backend == "offload":
         return FetchPolicy.fetch_all(ec.moe_fill_order)
     return hybrid_policy(ec, log, profile_phi)
+
+
+def cache_plan(backend: str, num_layers: int, num_experts: int, top_k: int, ec: EngineConfig,
+               log: Log, profile_phi: float | None = None) -> tuple[str, int, FetchPolicy]:
+    """(backend, S, fill policy) of a cached backend (offload or hybrid).
+
+    Offload fetches every miss, which a cache below one decode step's need cannot do. GPU memory
+    should change speed, never whether a model runs, so that case becomes hybrid (WARN) with a
+    fixed cap of E fetches, i.e. every miss that finds an evictable slot is fetched, as offload
+    would, and the misses left over run on the CPU. A cap, not FetchPolicy.fetch_all: the runtimes
+    start no CPU branch for a fetch-all policy, which never leaves a miss over at S >= need."""
+    slots = cache_slots(num_layers, num_experts, top_k, ec, log, backend="hybrid")
+    need = step_need(num_experts, top_k, ec.max_running_requests)
+    if backend == "offload" and slots < need:
+        log.warn(f"moe offload: an expert cache of {slots} slots cannot fetch every miss of a decode "
+                 f"step that routes up to {need} distinct experts (max_running_requests "
+                 f"{ec.max_running_requests} x top-{top_k}); falling back to --moe-backend hybrid: "
+                 f"misses are fetched while evictable slots last, the rest run on the CPU "
+                 f"(give --moe-cache-size >= {need} for offload)")
+        return "hybrid", slots, FetchPolicy.fixed_cap(num_experts, order=ec.moe_fill_order)
+    return backend, slots, cache_policy(backend, ec, log, profile_phi)
 
 
 def prefill_as_decode(ids, xp, max_tokens: int, num_slots: int) -> bool:

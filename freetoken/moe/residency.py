@@ -4,6 +4,10 @@ The CUDA residency kernel must match this bit for bit (slots, owners, usage, rec
 ids, fill plan) over long random sequences, so everything is integer and every tie has a stated
 order. Clarity over speed: this is the definition, written as a plain loop.
 
+Any S >= 1 works: a step fetches at most as many misses as it has evictable slots (slots not
+holding an expert this layer-step routes), and the misses left over run on the CPU. So the cache
+size changes only how fast a step is, never whether it runs (docs/moe.md, "Any cache size").
+
 Shape legend: T tokens, k routed, L layers (MoE layers only), E experts, S slots, q fills.
 """
 from __future__ import annotations
@@ -16,10 +20,6 @@ from freetoken.moe.split import FetchPolicy
 
 COUNTERS = ("hits", "misses", "fills", "cpu_execs", "evictions")
 _TAKEN = np.iinfo(np.int64).max          # victim key of a slot this step must not evict
-
-
-class CapacityError(ValueError):
-    """A step routes more distinct experts than the cache has slots."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class SlotCache:
         """Residency step for one MoE layer call; rewrites ids int32[T,k] in place to slot or -1.
 
         The preconditions are checked before part 1, so a step that raises changes nothing.
+        q is the policy's count, bounded by the evictable slots: every hit pins its slot, so S - hits
+        slots can take a fill (for fetch-all that bound bites only when S < distinct routed).
         """
         routed = self._dedup(layer, ids)
         self.clock += 1                                           # part 1
@@ -73,11 +75,12 @@ class SlotCache:
         recency = self.recency[layer]
         misses = sorted((e for e, s in zip(routed, resident.tolist()) if s < 0),
                         key=lambda e: policy.miss_key(int(recency[e]), e))   # part 3
-        q = policy.count(len(misses))                             # part 4
+        hits = len(routed) - len(misses)
+        q = min(policy.count(len(misses)), self.S - hits)         # part 4: evictable slots
         fills = self._fill(layer, routed, misses[:q])             # part 5
         recency[routed] = self.clock                              # part 6
         self._rewrite(layer, ids)                                 # part 7
-        self._count(layer, len(routed) - len(misses), len(misses), q)   # part 8
+        self._count(layer, hits, len(misses), q)                  # part 8
         return fills
 
     def _dedup(self, layer: int, ids: np.ndarray) -> list[int]:
@@ -88,12 +91,7 @@ class SlotCache:
             raise TypeError(f"routed ids must be int32[T,k], got {ids.dtype}{list(ids.shape)}")
         if ids.size and (ids.min() < 0 or ids.max() >= self.E):
             raise ValueError(f"routed ids must lie in [0, {self.E}), got [{ids.min()}, {ids.max()}]")
-        routed = list(dict.fromkeys(ids.ravel().tolist()))
-        if len(routed) > self.S:
-            raise CapacityError(
-                f"layer {layer} routes {len(routed)} distinct experts in one step but the expert "
-                f"cache has only {self.S} slots; use at least {len(routed)} slots")
-        return routed
+        return list(dict.fromkeys(ids.ravel().tolist()))
 
     def _fill(self, layer: int, routed: list[int], fetch: list[int]) -> Fills:
         """Give each fetched expert the LRU slot among slots no routed expert of this layer owns."""

@@ -113,7 +113,7 @@ class GpuResidency:
                           **policy_args(policy))
         _cuda.launch(_cuda.kernel("residency", "residency_step_i32"), (1,), (RES_THREADS,), args,
                      shared_mem=3 * 4 * self.E)
-        self.max_rows = min(P, self.E)
+        self.max_rows = min(P, self.E, self.S)      # a step fills at most S - hits slots
 
     def fill(self, host, pool) -> None:
         """Copy the last plan's rows host bank -> pool slots on the current stream.

@@ -1,10 +1,11 @@
-"""SlotCache: the residency step of DESIGN §5.2, checked by invariants over random sequences."""
+"""SlotCache: the residency step of DESIGN §5.2, checked by invariants over random sequences, at
+every cache size from one slot up (q is bounded by the evictable slots; the rest runs on the CPU)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.moe.residency import COUNTERS, CapacityError, SlotCache
+from freetoken.moe.residency import COUNTERS, SlotCache
 from freetoken.moe.split import FetchPolicy
 
 
@@ -28,8 +29,9 @@ def checked_step(c: SlotCache, layer, ids, policy):
     hit_slots = {int(before["slot_for"][layer, e]) for e in routed if before["slot_for"][layer, e] >= 0}
     misses = sorted((e for e in routed if before["slot_for"][layer, e] < 0),
                     key=lambda e: policy.miss_key(int(before["recency"][layer, e]), e))
-    q = policy.count(len(misses))
+    q = min(policy.count(len(misses)), c.S - len(hit_slots))    # bounded by the evictable slots
     assert fills.experts.tolist() == misses[:q]
+    assert len(set(fills.slots.tolist())) == q                  # no slot assigned twice in a step
     # victims: the q smallest (usage, slot) among slots no routed expert of this layer owned
     protected = set(hit_slots)
     candidates = sorted((int(before["usage"][s]), s) for s in range(c.S) if s not in protected)
@@ -45,6 +47,8 @@ def checked_step(c: SlotCache, layer, ids, policy):
     emptied = sum(before["owner"][s] < 0 for s in fills.slots)
     assert delta == dict(hits=len(hit_slots), misses=len(misses), fills=q,
                          cpu_execs=len(misses) - q, evictions=q - emptied)
+    assert delta["hits"] + delta["misses"] == len(routed)
+    assert delta["fills"] + delta["cpu_execs"] == delta["misses"]
     assert all(c.recency[layer, e] == c.clock for e in routed)
     check_tables(c)
 
@@ -56,12 +60,12 @@ policies = st.one_of(
     st.builds(FetchPolicy.fetch_all, orders))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(L=st.integers(1, 4), E=st.integers(2, 12), k=st.integers(1, 4), T=st.integers(1, 3),
-       extra=st.integers(0, 12), policy=policies, seed=st.integers(0, 2**31), steps=st.integers(1, 150))
-def test_invariants_over_random_sequences(L, E, k, T, extra, policy, seed, steps):
+       S=st.integers(1, 16), policy=policies, seed=st.integers(0, 2**31), steps=st.integers(1, 150))
+def test_invariants_over_random_sequences(L, E, k, T, S, policy, seed, steps):
+    """Any S from 1 up, also below one step's distinct experts (then some misses run on the CPU)."""
     k = min(k, E)
-    S = min(T * k, E) + extra
     rng = np.random.default_rng(seed)
     c = SlotCache(L, E, S)
     for n in range(steps):
@@ -130,15 +134,42 @@ def test_phi_zero_never_fills_and_rewrites_all_to_cpu():
     assert c.counters["fills"].sum() == 0 and (c.owner_of == -1).all()
 
 
-def test_capacity_error_leaves_state_untouched():
+def test_one_slot_serves_a_step_of_many_experts():
+    """S = 1 < 4 distinct: the one slot takes the first miss, the other three run on the CPU."""
+    c = SlotCache(2, 8, 1)
+    ids = np.array([[0, 1], [2, 3]], np.int32)
+    fills = c.step(0, ids, FetchPolicy.fetch_all())
+    assert fills.slots.tolist() == [0] and fills.experts.tolist() == [0]
+    assert ids.tolist() == [[0, -1], [-1, -1]]
+    ids = np.array([[0, 4]], np.int32)                      # 0 is a hit and pins the only slot
+    assert len(c.step(0, ids, FetchPolicy.fetch_all())) == 0 and ids.tolist() == [[0, -1]]
+    ids = np.array([[5]], np.int32)                          # another layer evicts it
+    assert c.step(1, ids, FetchPolicy.fixed_cap(1)).slots.tolist() == [0] and ids.tolist() == [[0]]
+    assert c.slot_for[0, 0] == -1 and c.owner_of.tolist() == [1 * 8 + 5]
+    got = {k: c.counters[k].tolist() for k in COUNTERS}
+    assert got == dict(hits=[1, 0], misses=[5, 1], fills=[1, 1], cpu_execs=[4, 0], evictions=[0, 1])
+
+
+def test_hits_pin_their_slots_so_fills_are_bounded():
+    """3 slots, 2 of them hits in this step: a policy asking for 3 fills gets the 1 free slot."""
+    c = SlotCache(1, 8, 3)
+    c.step(0, np.array([[0, 1, 2]], np.int32), FetchPolicy.fetch_all())
+    ids = np.array([[0, 1, 5, 6, 7]], np.int32)
+    fills = c.step(0, ids, FetchPolicy.fixed_cap(3, order="lowest_id"))
+    assert fills.experts.tolist() == [5] and fills.slots.tolist() == [2]
+    assert ids.tolist() == [[0, 1, 2, -1, -1]]
+    assert c.counters["fills"].tolist() == [4] and c.counters["cpu_execs"].tolist() == [2]
+
+
+def test_bad_ids_leave_state_untouched():
     c = SlotCache(2, 8, 3)
-    with pytest.raises(CapacityError, match="4 distinct experts.*only 3 slots"):
-        c.step(0, np.array([[0, 1], [2, 3]], np.int32), FetchPolicy.fetch_all())
-    assert c.clock == 0 and (c.owner_of == -1).all()
     with pytest.raises(ValueError):
         c.step(0, np.array([[0, 8]], np.int32), FetchPolicy.fetch_all())
     with pytest.raises(TypeError):
         c.step(0, np.array([[0, 1]], np.int64), FetchPolicy.fetch_all())
+    with pytest.raises(IndexError):
+        c.step(2, np.array([[0, 1]], np.int32), FetchPolicy.fetch_all())
+    assert c.clock == 0 and (c.owner_of == -1).all() and (c.recency == -1).all()
 
 
 def test_reset_is_cold():

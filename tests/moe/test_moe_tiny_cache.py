@@ -1,0 +1,111 @@
+"""Hybrid runs at any expert cache size (docs/moe.md, "Any cache size"): start-up rules (options.py),
+both runtimes at 1-3 slots against fused, and the command line at --moe-cache-size 1.
+
+The residency step's own invariants at every S are in test_moe_residency.py; the kernel's, against
+the spec at S = 1..3, in test_gpu_residency.py."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from moe_helpers import E, H, I, K, L, engine, model_config, np_experts, random_banks, run, workload
+
+from freetoken.config import ConfigError
+from freetoken.moe.device import HostDevice
+from freetoken.moe.gpu_runtime import build_gpu_moe
+from freetoken.moe.options import Log, cache_plan, cache_slots, step_need
+from freetoken.moe.runtime import build_moe
+
+NEED = step_need(E, K, 2)           # moe_helpers.engine runs max_running_requests 2: 4 distinct
+POLICIES = {
+    "fallback-cap1": {},
+    "phi0.3": dict(moe_fetch_fraction=0.3),
+    "phi1": dict(moe_fetch_fraction=1.0),
+    "cap5-minfill": dict(moe_hybrid_max_fetch=5, moe_min_fill=1),
+    "phi0.3-lowest": dict(moe_fetch_fraction=0.3, moe_fill_order="lowest_id"),
+}
+
+
+def test_hybrid_cache_may_be_smaller_than_one_step():
+    for slots in (1, NEED - 1):
+        assert cache_slots(L, E, K, engine(moe_backend="hybrid", moe_cache_size=slots), Log(print)) == slots
+    # offload, or a backend still "auto", fetches every miss: a clear error that names the way out
+    for backend in ("offload", "auto"):
+        with pytest.raises(ConfigError, match=f"too small.*>= {NEED} or --moe-backend hybrid"):
+            cache_slots(L, E, K, engine(moe_backend=backend, moe_cache_size=1), Log(print))
+
+
+def test_offload_below_one_step_falls_back_to_hybrid_with_a_warning():
+    logs = []
+    ec = engine(moe_backend="offload", moe_cache_size=2)
+    backend, slots, policy = cache_plan("offload", L, E, K, ec, Log(logs.append))
+    assert (backend, slots, policy.kind, policy.cap) == ("hybrid", 2, "cap", E)
+    assert policy.count(E) == E                         # every miss, as far as the slots go
+    assert len(logs) == 1 and logs[0].startswith("WARN moe offload") and "falling back to" in logs[0]
+
+
+def test_cache_plan_keeps_a_big_enough_offload_and_any_hybrid():
+    logs = []
+    plan = cache_plan("offload", L, E, K, engine(moe_backend="offload", moe_cache_size=NEED), Log(logs.append))
+    assert plan[:2] == ("offload", NEED) and plan[2].kind == "all" and not logs
+    backend, slots, policy = cache_plan("hybrid", L, E, K, engine(moe_cache_size=1, moe_fetch_fraction=0.5),
+                                        Log(logs.append))
+    assert (backend, slots, policy.kind) == ("hybrid", 1, "fraction")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    rng = np.random.default_rng(23)
+    banks = random_banks(rng, L, E, H, I)
+    calls = workload(rng, steps=24, prefill_every=8, prefill_tokens=(3, 6))
+    with build_moe(model_config(), banks, engine(moe_backend="fused"), np_experts, lambda m: None) as rt:
+        return banks, calls, run(rt, calls)
+
+
+def check(rt, calls, want, slots):
+    for a, b in zip(run(rt, calls), want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    s = rt.stats()
+    tot = s["total"]
+    assert s["backend"] == "hybrid" and s["slots"] == slots
+    assert tot["fills"] + tot["cpu_execs"] == tot["misses"] and tot["cpu_execs"] > 0
+    for layer in s["layers"]:
+        assert layer["fills"] + layer["cpu_execs"] == layer["misses"]
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_host_runtime_matches_fused(setup, slots, policy):
+    banks, calls, want = setup
+    ec = engine(moe_backend="hybrid", moe_cache_size=slots, **POLICIES[policy])
+    with build_moe(model_config(), banks, ec, np_experts, lambda m: None) as rt:
+        check(rt, calls, want, slots)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3])
+@pytest.mark.parametrize("policy", ["phi0.3", "cap5-minfill"])
+def test_device_runtime_on_host_matches_fused(setup, slots, policy):
+    """gpu_runtime.py's orchestration (residency, fill plan, CPU branch, prefill in groups of S)."""
+    banks, calls, want = setup
+    ec = engine(moe_backend="hybrid", moe_cache_size=slots, **POLICIES[policy])
+    with build_gpu_moe(model_config(), banks, ec, np_experts, lambda m: None, backend="hybrid",
+                       dev=HostDevice(), cpu_op=np_experts) as rt:
+        check(rt, calls, want, slots)
+
+
+def generate(*args):
+    cmd = [sys.executable, "-m", "freetoken", "generate", "--prompt", "def fib(n):", "--max-tokens", "12",
+           "--stats", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
+def test_cli_one_slot_prints_the_fused_text():
+    fused = generate("--moe-backend", "fused")
+    hybrid = generate("--moe-backend", "hybrid", "--moe-cache-size", "1")
+    assert hybrid.stdout == fused.stdout
+    line = next(l for l in hybrid.stderr.splitlines() if "MoE hits" in l)
+    n = {k: int(v) for k, v in re.findall(r"(hits|misses|fills|cpu_execs) (\d+)", line)}
+    assert n["fills"] + n["cpu_execs"] == n["misses"] and n["cpu_execs"] > 0
