@@ -1,0 +1,134 @@
+"""cupy.RawModule / cupy.RawKernel of the emulated device: the real .cu source, built by the host
+compiler (device_code.py), launched as a closure on the current stream.
+
+After each launch the arrays the kernel may write (its non-const pointer parameters) are compared
+with their bytes before it: a NaN it wrote while one of its inputs holds never-written (poison)
+words is reported as a read of unwritten device memory, naming the kernel, the output and the
+input. Outputs over CHECK_BYTES are not compared (the copy would dominate the run).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from freetoken.cuda_emu import memory
+from freetoken.cuda_emu.ndarray import ndarray
+from freetoken.cuda_emu.streams import get_current_stream
+
+CHECK_BYTES = 16 << 20
+_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s+)?"
+_ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+' + _BOUNDS + r"void\s+" + _BOUNDS +
+                    r"(\w+)\s*\(([^)]*)\)", re.S)
+
+
+def signatures(code: str) -> dict[str, list[tuple[str, bool, bool]]]:
+    """{entry: [(param name, is_pointer, is_const), ...]} of every extern "C" __global__."""
+    out = {}
+    for name, params in _ENTRY.findall(code):
+        decl = []
+        for p in (p.strip() for p in params.split(",")):
+            if p:
+                words = re.findall(r"\w+", p)
+                decl.append((words[-1], "*" in p, "const" in words))
+        out[name] = decl
+    return out
+
+
+class RawModule:
+    """cupy.RawModule(code=..., options=...): built on construction (errors surface here)."""
+
+    def __init__(self, code: str | None = None, *, path=None, options=(), backend="nvrtc",
+                 translate_cucomplex=False, enable_cooperative_groups=False, name_expressions=None,
+                 jitify=False):
+        from freetoken.cuda_emu import device_code
+        if code is None:
+            raise NotImplementedError("emulated CuPy: RawModule(path=...) (cubin/ptx) is not emulated")
+        self.code, self.options = code, tuple(options)
+        self._module = device_code.build(code, self.options)
+        self._signatures = signatures(code)
+
+    def get_function(self, name: str) -> "RawKernel":
+        return RawKernel._from_module(self, name)
+
+
+class RawKernel:
+    """One entry point; ``kern(grid, block, args, shared_mem=0, stream=None)`` enqueues it."""
+
+    def __init__(self, code: str, name: str, options=(), **kw):
+        k = RawModule(code=code, options=options).get_function(name)
+        self.__dict__.update(k.__dict__)
+
+    @classmethod
+    def _from_module(cls, module: RawModule, name: str) -> "RawKernel":
+        obj = cls.__new__(cls)
+        obj.name, obj._kernel = name, module._module.get_function(name)
+        obj._params = module._signatures.get(name)
+        return obj
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._kernel.max_dynamic_shared_size_bytes
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, n: int) -> None:
+        self._kernel.max_dynamic_shared_size_bytes = int(n)
+
+    def __call__(self, grid, block, args, *, shared_mem=0, stream=None, enable_cooperative_groups=False):
+        grid, block = _dim3(grid), _dim3(block)
+        values = [a.data.ptr if isinstance(a, ndarray) else a for a in args]
+        arrays = [a if isinstance(a, ndarray) else None for a in args]   # alive until it runs
+        if any(isinstance(a, np.ndarray) for a in args):
+            raise TypeError(f"kernel {self.name}: a host numpy array passed as a kernel argument")
+        stream = stream if stream is not None else get_current_stream()
+        stream.enqueue(lambda: self._run(grid, block, int(shared_mem), values, arrays),
+                       f"kernel {self.name}")
+
+    def _run(self, grid, block, shared_mem, values, arrays) -> None:
+        from freetoken.cuda_emu import device_code
+        outputs = self._outputs(arrays)
+        before = [a._a.copy() for _, a in outputs]
+        try:
+            self._kernel.launch(grid, block, shared_mem, values)
+        except device_code.EmuFault as e:
+            raise device_code.EmuFault(f"{e} [{memory.describe_address(e.address)}]", kernel=e.kernel,
+                                       address=e.address) from None
+        for (name, a), old in zip(outputs, before):
+            self._check_nan(name, a, old, arrays)
+
+    def _outputs(self, arrays):
+        params = self._params or [(f"arg{i}", True, False) for i in range(len(arrays))]
+        return [(p[0], a) for p, a in zip(params, arrays)
+                if a is not None and p[1] and not p[2] and a.nbytes <= CHECK_BYTES
+                and a.dtype in (np.float32, np.uint16)]
+
+    def _check_nan(self, name, a: ndarray, old: np.ndarray, arrays) -> None:
+        new = a._a
+        bits = np.uint32 if new.dtype == np.float32 else np.uint16   # poison NaN keeps its bits
+        fresh = _nan(new) & (new.view(bits) != old.view(bits))
+        count = int(np.count_nonzero(fresh))
+        if not count:
+            return
+        params = self._params or []
+        for (pname, is_ptr, is_const), arg in zip(params, arrays):
+            if arg is not None and is_const and memory.poison_count(arg._a):
+                raise memory_fault(self.name, (
+                    f"wrote NaN into {count} elements of `{name}` while its input `{pname}` holds "
+                    f"{memory.poison_count(arg._a)} never-written words (poison 0x{memory.POISON16:04X}): "
+                    "it read device memory no one wrote"))
+
+
+def memory_fault(kernel: str, message: str):
+    from freetoken.cuda_emu import device_code
+    return device_code.EmuFault(f"kernel {kernel}: {message}", kernel=kernel, address=None)
+
+
+def _nan(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.float32:
+        return np.isnan(a)
+    return (a & 0x7FFF) > 0x7F80                     # bf16 bits
+
+
+def _dim3(d) -> tuple[int, int, int]:
+    d = (int(d),) if isinstance(d, (int, np.integer)) else tuple(int(v) for v in d)
+    return (d + (1, 1, 1))[:3]
