@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -43,6 +44,21 @@ def read_source(path) -> str:
     return f'#line 1 "{path}"\n' + path.read_text()
 
 
+def header_key(folder) -> str:
+    """A digest of every .cuh header beside the sources. CuPy's kernel disk cache keys on the code
+    text alone, so the module text carries this digest: an edited header means a new binary."""
+    digest = hashlib.sha256()
+    for h in sorted(Path(folder).glob("*.cuh")):
+        digest.update(h.name.encode() + b"\0" + h.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def module_source(path) -> str:
+    """read_source plus the header digest as a trailing comment (what RawModule compiles)."""
+    path = Path(path).resolve()
+    return read_source(path) + f"\n// freetoken headers {header_key(path.parent)}\n"
+
+
 def compile_options(include_dir) -> tuple[str, ...]:
     opts = ("-std=c++17", f"-I{include_dir}")
     return opts + ("-lineinfo",) if flag("KERNEL_DEBUG") else opts
@@ -55,7 +71,7 @@ def module(name: str):
     """The RawModule of cuda/<name>.cu, built once per process (CuPy also caches on disk)."""
     cupy = load_cupy()
     d = cuda_dir()
-    return cupy.RawModule(code=read_source(d / f"{name}.cu"), options=compile_options(d))
+    return cupy.RawModule(code=module_source(d / f"{name}.cu"), options=compile_options(d))
 
 
 @functools.cache
