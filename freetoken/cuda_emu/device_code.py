@@ -47,7 +47,8 @@ RUNTIME_FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-fv
 # data sections + shared.ld: the static __shared__ variables in one section (see shared.ld).
 KERNEL_FLAGS = ("-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fsanitize=bounds",
                 "-ffp-contract=off", "-fno-strict-aliasing", "-fno-threadsafe-statics",
-                "-fno-math-errno", "-fdata-sections", f"-Wl,-T,{EMU_DIR / 'shared.ld'}")
+                "-fno-math-errno", "-fdata-sections", f"-Wl,-T,{EMU_DIR / 'shared.ld'}",
+                "-fstack-clash-protection")  # big frames probe each page: overflows hit the guard
 
 
 class EmuFault(RuntimeError):
@@ -70,7 +71,11 @@ def _cache_dir() -> Path:
 
 @functools.cache
 def _compiler_id() -> str:
-    return subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout
+    try:
+        return subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise CompileError(f"the emulated CUDA device builds kernels with {CXX}, which does not "
+                           f"run here: {e}") from e
 
 
 def _key(*parts: str) -> str:

@@ -148,7 +148,7 @@ static void start_block() {
   for (int w = 0; w < (b.n + 31) / 32; ++w) {
     const int lanes = b.n - 32 * w < 32 ? b.n - 32 * w : 32;
     b.warps[w].present = lanes == 32 ? ~0u : (1u << lanes) - 1;
-    b.warps[w].exited = b.warps[w].pending = 0;
+    b.warps[w].exited = b.warps[w].pending = b.warps[w].active = b.warps[w].at_bar = 0;
   }
   for (int t = 0; t < b.n; ++t) {
     Fiber* f = &g_fibers[t];

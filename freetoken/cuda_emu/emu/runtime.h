@@ -47,7 +47,9 @@ struct Fiber {
 };
 
 struct Lane { int op; unsigned mask; uint64_t val; int arg, width; uint64_t res; };
-struct Warp { unsigned present, exited, pending; Lane lane[32]; };
+// pending: lanes waiting in a shuffle/vote/syncwarp; active: waiting in __activemask; at_bar:
+// waiting at __syncthreads
+struct Warp { unsigned present, exited, pending, active, at_bar; Lane lane[32]; };
 
 struct Block {
   int n, exited;
@@ -70,6 +72,7 @@ void yield_fiber();                 // the running fiber back to the scheduler (
 void set_fault(int kind, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 bool resolve_stall();               // sync.cpp: release the barrier, or report why none can run
 void on_fiber_exit(Fiber* f);       // sync.cpp: warp partners still waiting for it fault
+void settle_active(int warp);       // sync.cpp: complete __activemask once the warp is blocked
 void fill_poison(void* p, size_t n);
 bool poisoned(const void* p, size_t n);
 void describe_allocation(uintptr_t addr, char* buf, size_t n);

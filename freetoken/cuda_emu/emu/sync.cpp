@@ -13,8 +13,8 @@ namespace emu {
 
 static const char* const kOpNames[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                                        "__shfl_xor_sync", "__ballot_sync", "__any_sync",
-                                       "__all_sync", "__syncwarp"};
-enum { OP_IDX, OP_UP, OP_DOWN, OP_XOR, OP_BALLOT, OP_ANY, OP_ALL, OP_SYNC };
+                                       "__all_sync", "__syncwarp", "__activemask"};
+enum { OP_IDX, OP_UP, OP_DOWN, OP_XOR, OP_BALLOT, OP_ANY, OP_ALL, OP_SYNC, OP_ACTIVE };
 
 // --- barriers -----------------------------------------------------------------------------------
 // Called by the scheduler when no fiber can run and some have not exited.
@@ -23,6 +23,7 @@ bool resolve_stall() {
   if (b.bar_waiting == b.n) {  // everyone arrived: release them in thread order
     b.bar_result = b.bar_count;
     b.bar_waiting = b.bar_count = 0;
+    for (int w = 0; w < (b.n + 31) / 32; ++w) b.warps[w].at_bar = 0;
     for (int t = 0; t < b.n; ++t) wake(t);
     return true;
   }
@@ -67,6 +68,8 @@ EMU_API int emu_syncthreads(const char* file, int line, int pred) {
   b.bar_waiting++;
   b.bar_count += pred;
   g_cur->state = WAIT_BAR;
+  b.warps[g_cur->tid / 32].at_bar |= 1u << (g_cur->tid & 31);
+  settle_active(g_cur->tid / 32);
   yield_fiber();
   return b.bar_result;
 }
@@ -143,15 +146,37 @@ EMU_API unsigned long long emu_warp_op(int op, unsigned mask, unsigned long long
     complete(w, tid / 32, lane, mask);
   } else {
     g_cur->state = WAIT_WARP;
+    settle_active(tid / 32);
     yield_fiber();
   }
   return w.lane[lane].res;
 }
 
+// __activemask: the lanes that reach it together. A lane waits until every other live lane of
+// its warp is blocked (here, in a warp operation, at a barrier) or has exited; the result is the
+// set waiting here then. So `if (lane >= 16) return;` leaves the other 16, as on the device.
 EMU_API unsigned emu_activemask(void) {
-  const Warp& w = g_block.warps[g_cur->tid / 32];
-  return w.present & ~w.exited;
+  const int tid = g_cur->tid, lane = tid & 31;
+  Warp& w = g_block.warps[tid / 32];
+  w.active |= 1u << lane;
+  w.lane[lane].op = OP_ACTIVE;
+  w.lane[lane].mask = w.present & ~w.exited;
+  g_cur->state = WAIT_WARP;
+  settle_active(tid / 32);
+  yield_fiber();
+  return (unsigned)w.lane[lane].res;
 }
+
+namespace emu {
+void settle_active(int warp) {
+  Warp& w = g_block.warps[warp];
+  const unsigned live = w.present & ~w.exited;
+  if (!w.active || (live & ~(w.active | w.pending | w.at_bar))) return;
+  for (int l = 0; l < 32; ++l)
+    if (w.active >> l & 1u) w.lane[l].res = w.active, wake(warp * 32 + l);
+  w.active = 0;
+}
+}  // namespace emu
 
 namespace emu {
 void on_fiber_exit(Fiber* f) {
@@ -162,6 +187,7 @@ void on_fiber_exit(Fiber* f) {
     if ((w.pending >> p & 1u) && (w.lane[p].mask >> lane & 1u))
       fault_in_fiber(F_WARP, "lane %d exited while lane %d waits for it in %s (mask 0x%08x)",
                      lane, p, kOpNames[w.lane[p].op], w.lane[p].mask);
+  settle_active(f->tid / 32);
 }
 }  // namespace emu
 
