@@ -9,7 +9,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
-from freetoken.cupy_loader import cupy as load_cupy
+from freetoken.cupy_loader import cupy as load_cupy, emulated
 
 OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
             "experts", "sampling")
@@ -60,7 +60,10 @@ def resolve_backend(name: str) -> tuple[str, str]:
     """'auto' -> ('cuda' or 'cpu', reason); an explicit name is checked and returned."""
     if name == "auto":
         reason = cuda_unavailable_reason()
-        return ("cpu", f"no GPU: {reason}") if reason else ("cuda", "a CUDA device is visible")
+        if reason:
+            return "cpu", f"no GPU: {reason}"
+        return "cuda", ("the emulated CUDA device (FREETOKEN_CUDA_EMULATE=1)" if emulated()
+                        else "a CUDA device is visible")
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; expected auto | {' | '.join(BACKENDS)}")
     if name == "cuda":
@@ -86,11 +89,17 @@ _RESULTS = {
 
 
 def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
-    """gpu_fn with host arrays moved to the device and `out` allocated when not given."""
+    """gpu_fn with host arrays moved to the device and `out` allocated when not given. `out` may
+    come by keyword or, as the gpu wrappers and the numpy ops take it, as the last positional."""
+    import inspect
+
     import numpy as np
     result = _RESULTS.get(op)
+    arity = len(inspect.signature(gpu_fn).parameters)
 
     def call(*args, out=None):
+        if result is not None and len(args) == arity:
+            args, out = args[:-1], args[-1]
         args = tuple(xp.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
         if result is None:                      # kv_write: the caches are the outputs
             return gpu_fn(*args)

@@ -40,10 +40,13 @@ def device_bytes() -> int:
     return int(float(raw.rstrip("KMG")) * scale)
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
 def _caller() -> str:
     """file:line of the first frame outside the stand-in: where an allocation was made."""
     f = sys._getframe(2)
-    while f is not None and "cuda_emu" in f.f_code.co_filename:
+    while f is not None and f.f_code.co_filename.startswith(_PACKAGE):
         f = f.f_back
     return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}" if f else "?"
 

@@ -164,7 +164,11 @@ class ndarray:
                         "to construct a NumPy array explicitly. (emulated CuPy)")
 
     def __repr__(self) -> str:
-        return f"emulated_cupy.{self.get()!r}"
+        """The values when they are readable now; never raises (debuggers call repr)."""
+        try:
+            return f"emulated_cupy.{self.get()!r}"
+        except Exception as e:
+            return f"<emulated cupy.ndarray {self.dtype}{list(self.shape)}: {e}>"
 
     # -- compute --------------------------------------------------------------------------------
     def copy(self, order="C"):

@@ -1,0 +1,114 @@
+"""The CuPy stand-in: streams are not in order for free, never-written memory is loud, capture
+rules hold, and what it does not implement fails at once with the name of the call."""
+import numpy as np
+import pytest
+
+from freetoken.cuda_emu import memory
+
+
+def test_missing_wait_on_the_copy_stream_is_caught(cp):
+    """The fill pattern of the MoE runtime in miniature: an async host->device copy on the copy
+    stream, then compute on the current stream. Without the event wait the compute reads stale
+    bytes, as it would on a busy GPU; with it, the copied ones."""
+    from freetoken.moe.device import CudaDevice
+    dev = CudaDevice()
+    src = dev.pinned((4,), np.float32)
+    src[:] = 3.0
+
+    def run(wait: bool):
+        dst = cp.zeros(4, cp.float32)
+        filled = dev.event()
+        with dev.copy_stream():
+            dev.h2d(dst, src)
+        dev.record(filled, on_copy=True)
+        if wait:
+            dev.wait(filled)
+        return (dst * 2).get()
+
+    assert run(wait=False).tolist() == [0.0] * 4          # the bug shows: stale zeros
+    assert run(wait=True).tolist() == [6.0] * 4
+
+
+def test_host_reads_a_d2h_copy_only_after_the_sync(cp):
+    from freetoken.moe.device import CudaDevice
+    dev = CudaDevice()
+    x = cp.full(3, 5.0, cp.float32)
+    host = dev.pinned((3,), np.float32)
+    host[:] = -1
+    done = dev.event()
+    dev.d2h(host, x)
+    dev.record(done)
+    assert host.tolist() == [-1.0] * 3                    # nothing forced the stream yet
+    dev.synchronize(done)
+    assert host.tolist() == [5.0] * 3
+
+
+def test_never_written_memory_is_reported_on_read_back(cp):
+    a = cp.empty((2, 3), cp.float32)
+    a[0] = 1.0
+    with pytest.raises(RuntimeError, match=r"3 of 6 elements were never written.*test_standin.py"):
+        a.get()
+    assert a[0].get().tolist() == [1.0] * 3
+
+
+def test_capture_rejects_host_sync_allocation_and_pageable_copies(cp):
+    s = cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(4, cp.float32)
+    with s:
+        s.begin_capture()
+        x += 1
+        with pytest.raises(memory.CaptureError, match="host synchronisation during graph capture"):
+            x.get()
+        with pytest.raises(memory.CaptureError, match="allocation of 16 bytes.*outside a private"):
+            cp.empty(4, cp.float32)
+        with pytest.raises(memory.CaptureError, match="pageable"):
+            x.set(np.ones(4, np.float32))
+        pool = cp.cuda.MemoryPool()
+        with cp.cuda.using_allocator(pool.malloc):
+            y = x * 3                                      # a private pool: legal
+        graph = s.end_capture()
+    assert x.get().tolist() == [0.0] * 4                  # capture records, it does not run
+    graph.launch(s)
+    graph.launch(s)
+    s.synchronize()
+    assert x.get().tolist() == [2.0] * 4 and y.get().tolist() == [6.0] * 4
+
+
+def test_device_size_is_configurable_and_exhaustion_raises(cp, monkeypatch):
+    monkeypatch.setenv("FREETOKEN_CUDA_EMULATE_MEMORY", "64M")
+    free, total = cp.cuda.runtime.memGetInfo()
+    assert total == 64 << 20 and free <= total
+    keep = cp.empty(16 << 20, cp.uint8)
+    assert cp.cuda.runtime.memGetInfo()[0] <= free - (16 << 20)
+    with pytest.raises(cp.cuda.memory.OutOfMemoryError, match="emulated device"):
+        cp.empty(60 << 20, cp.uint8)
+    del keep
+
+
+def test_unimplemented_calls_fail_with_their_name(cp):
+    with pytest.raises(AttributeError, match=r"cupy\.fft"):
+        cp.fft
+    with pytest.raises(AttributeError, match=r"cupy\.cuda\.texture"):
+        cp.cuda.texture
+    with pytest.raises(AttributeError, match=r"\.searchsorted"):
+        cp.zeros(3).searchsorted
+
+
+def test_host_arrays_do_not_mix_into_device_math(cp):
+    a = cp.zeros(3, cp.float32)
+    with pytest.raises(TypeError, match="host numpy array"):
+        a + np.ones(3, np.float32)
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(a)
+
+
+def test_views_share_memory_and_gathers_copy(cp):
+    a = cp.asarray(np.arange(12, dtype=np.int32).reshape(3, 4))
+    row = a[1]
+    row[...] = 0                                           # a view: writes through
+    idx = cp.asarray(np.array([2, 0], np.int32))
+    picked = a[idx]
+    a[2] = -5
+    assert picked.get().tolist() == [[8, 9, 10, 11], [0, 1, 2, 3]]   # ran before the write
+    assert a.get()[1].tolist() == [0, 0, 0, 0]
+    assert int(a.sum()) == sum([0, 1, 2, 3, -20])

@@ -1,0 +1,59 @@
+"""`--backend cuda` gives the demo model the same greedy tokens as `--backend cpu`, for every MoE
+backend, with decode graphs and prefill overlap on and off (gpu marker: a real GPU, or the
+emulated device in CI with FREETOKEN_CUDA_EMULATE=1).
+
+`--moe-prefill-decode-tokens 0` makes the prompt stream through the slot pool (prefill.py) instead
+of the expert cache, so the prefill-overlap switch really changes the path taken."""
+import re
+import subprocess
+import sys
+
+import pytest
+
+from test_backends_agree import RUNS as CPU_RUNS
+from test_backends_agree import greedy
+
+pytestmark = pytest.mark.gpu
+CACHE = dict(moe_cache_rate=0.25, moe_prefill_decode_tokens=0)
+MOE = {
+    "fused": dict(moe_backend="fused"),
+    "offload": dict(moe_backend="offload", **CACHE),
+    "cpu": dict(moe_backend="cpu", moe_prefill_decode_tokens=0),
+    "hybrid": dict(moe_backend="hybrid", moe_fetch_fraction=0.3, **CACHE),
+}
+MODES = {
+    "graphs+overlap": dict(),
+    "eager+serial": dict(disable_cuda_graph=True, disable_moe_prefill_overlap=True),
+}
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return greedy(CPU_RUNS["cpu-cpu"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("moe", MOE)
+def test_cuda_gives_the_cpu_tokens(moe, mode, expected):
+    ids, text, total = greedy(dict(backend="cuda", **MOE[moe], **MODES[mode]))
+    assert (ids, text) == expected[:2], f"cuda {moe} {mode} diverges from cpu-cpu"
+    if moe == "hybrid":
+        assert total["fills"] > 0 and total["cpu_execs"] > 0 and total["hits"] > 0
+    if moe == "offload":
+        assert total["fills"] == total["misses"] > 0
+
+
+def _generate(*args):
+    r = subprocess.run([sys.executable, "-m", "freetoken", "generate", "--moe-backend", "hybrid",
+                        "--moe-cache-rate", "0.25", "--stats", "--max-tokens", "16", *args],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_the_cli_prints_the_cpu_text_on_cuda():
+    cuda, cpu = _generate("--backend", "cuda"), _generate("--backend", "cpu")
+    assert cuda.stdout == cpu.stdout and cuda.stdout.strip()
+    line = next(l for l in cuda.stderr.splitlines() if "MoE hits" in l)
+    n = {k: int(v) for k, v in re.findall(r"(hits|misses|fills|cpu_execs) (\d+)", line)}
+    assert n["fills"] + n["cpu_execs"] == n["misses"] > 0
