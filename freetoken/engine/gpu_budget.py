@@ -13,6 +13,8 @@ Hq/G query/kv heads, D head dim, T tokens of the largest step.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
@@ -116,7 +118,9 @@ def _expert_slots(cfg: ModelConfig, ec: EngineConfig, left: int) -> int:
     if ec.moe_backend == "cpu":   # every routed expert runs on the host: no cache
         return 0
     fit = min(total, max(left, 0) // per) if per else total
-    want = ec.moe_cache_size or (round(ec.moe_cache_rate * total) if ec.moe_cache_rate > 0 else fit)
+    # the same count moe/options.cache_slots will pick; more slots than L*E experts is L*E
+    rate_slots = math.ceil(round(ec.moe_cache_rate * total, 9)) if ec.moe_cache_rate > 0 else fit
+    want = min(ec.moe_cache_size or rate_slots, total)
     if want > fit or (ec.moe_backend == "fused" and fit < total):
         need = total if ec.moe_backend == "fused" else want
         raise ConfigError(f"expert cache of {need} slots ({need * per / GB:.2f} GB) does not fit: "

@@ -72,6 +72,15 @@ def test_explicit_sizes_are_exact_or_refused():
         gb.plan_gpu_memory(BIG, EngineConfig(num_kv_tokens=10**8), int(80 * gb.GB))
 
 
+def test_a_cache_larger_than_every_expert_is_every_expert():
+    """Found by the emulated run of test_gpu_moe: 18 slots asked of 12 experts was refused as
+    "does not fit" with 1.8 GB free; the runtime uses L*E there, and so must the plan."""
+    p = gb.plan_gpu_memory(BIG, EngineConfig(moe_cache_size=10**6), int(140 * gb.GB))
+    assert p.expert_slots == 48 * 128
+    p = gb.plan_gpu_memory(BIG, EngineConfig(moe_cache_rate=0.1), int(80 * gb.GB))
+    assert p.expert_slots == 615                           # ceil(614.4), as moe/options.cache_slots
+
+
 def test_fused_needs_every_expert_and_cpu_needs_none():
     with pytest.raises(ConfigError, match="6144 slots"):
         gb.plan_gpu_memory(BIG, EngineConfig(moe_backend="fused"), int(40 * gb.GB))
