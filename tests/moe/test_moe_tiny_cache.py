@@ -109,3 +109,52 @@ def test_cli_one_slot_prints_the_fused_text():
     line = next(l for l in hybrid.stderr.splitlines() if "MoE hits" in l)
     n = {k: int(v) for k, v in re.findall(r"(hits|misses|fills|cpu_execs) (\d+)", line)}
     assert n["fills"] + n["cpu_execs"] == n["misses"] and n["cpu_execs"] > 0
+
+
+# --- on a device (gpu marker; FREETOKEN_CUDA_EMULATE=1 runs them on the emulated device) ---------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slots", [1, 2, 3])
+def test_cuda_runtime_matches_fused(slots):
+    """The real residency kernel, fill copies and CPU branch at 1-3 slots, against fused."""
+    from freetoken.cupy_loader import cupy as load_cupy
+    from freetoken.kernels.experts import cpu as cpu_op
+    from freetoken.kernels.experts import gpu as gpu_op
+    from freetoken.moe.host_pool import pin_host_pool
+    cp = load_cupy()
+    rng = np.random.default_rng(31)
+    banks = random_banks(rng, L, E, H, I)
+    calls = workload(rng, steps=16, prefill_every=8, prefill_tokens=(3, 6))
+    outs = {}
+    with pin_host_pool(banks) as host:                  # pinned once, unpinned at the end
+        assert host.pinned
+        for backend, opts in (("fused", {}), ("hybrid", dict(moe_cache_size=slots, moe_fetch_fraction=0.5))):
+            with build_gpu_moe(model_config(), host, engine(moe_backend=backend, **opts), gpu_op, None,
+                               backend=backend, cpu_op=cpu_op) as rt:
+                outs[backend] = [rt.forward(j, cp.asarray(x), cp.asarray(ids), cp.asarray(w),
+                                            prefill=p).get() for j, x, ids, w, p in calls]
+                stats = rt.stats()
+    for a, b in zip(outs["hybrid"], outs["fused"]):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+    tot = stats["total"]
+    assert stats["device"] == "cuda" and stats["slots"] == slots
+    assert tot["fills"] + tot["cpu_execs"] == tot["misses"] and tot["cpu_execs"] > 0
+
+
+@pytest.mark.gpu
+def test_engine_one_slot_gives_the_hf_greedy_tokens():
+    from pathlib import Path
+
+    from freetoken import LLM, SamplingParams
+    d = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3moe_norm" / "fp32"
+    exp = np.load(d / "expected.npz")
+    llm = LLM(str(d), backend="cuda", enable_prefix_cache=False, moe_backend="hybrid", moe_cache_size=1,
+              moe_fetch_fraction=0.5)
+    try:
+        out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+        moe = llm.stats()["moe"]
+    finally:
+        llm.core.close()
+    assert moe.get("device") == "cuda" and moe["backend"] == "hybrid" and moe["slots"] == 1
+    assert moe["total"]["cpu_execs"] > 0
+    assert out.token_ids == exp["greedy_ids"].tolist()
