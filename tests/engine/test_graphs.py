@@ -89,7 +89,7 @@ def _requests(B, rng, vocab):
 def _step(demo, reqs, counts):
     """A host batch (engine/runner.build_batch) of counts[i] new tokens of request i."""
     from freetoken.engine.runner import build_batch
-    batch = build_batch(list(zip(reqs, counts)), demo.kv)
+    batch = build_batch(list(zip(reqs, counts)), demo.kv.alloc)
     for r, n in zip(reqs, counts):
         r.num_computed += n
     return batch
