@@ -43,6 +43,7 @@ Fiber* fiber(int tid) { return &g_fibers[tid]; }
 // --- context switch: callee-saved registers on the fiber's own stack (no syscall, unlike
 // glibc swapcontext, which saves the signal mask on every switch) --------------------------------
 static void fiber_main(Fiber* f);
+static Fiber g_sched;                       // the scheduler: the launching thread's own stack
 #if defined(__x86_64__)
 extern "C" void emu_ctx_switch(void** save_sp, void* to_sp) __attribute__((visibility("hidden")));
 extern "C" char emu_ctx_start[] __attribute__((visibility("hidden")));
@@ -52,7 +53,6 @@ asm(".text\n.globl emu_ctx_switch\n.hidden emu_ctx_switch\n.type emu_ctx_switch,
     " popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n"
     ".globl emu_ctx_start\n.hidden emu_ctx_start\n"
     "emu_ctx_start:\n movq %r12, %rdi\n callq *%r13\n ud2\n");
-static void* g_sched_sp;
 
 // A fresh frame for emu_ctx_switch to pop: r15 r14 r13=fiber_main r12=f rbx rbp, then the return
 // into emu_ctx_start, which calls fiber_main(f) with the stack 16-byte aligned.
@@ -63,11 +63,9 @@ static void prepare(Fiber* f, char* top) {
   memcpy(s, frame, sizeof frame);
   f->sp = s;
 }
-static void resume(Fiber* f) { emu_ctx_switch(&g_sched_sp, f->sp); }
-void yield_fiber() { emu_ctx_switch(&g_cur->sp, g_sched_sp); }
+static void switch_to(Fiber* from, Fiber* to) { emu_ctx_switch(&from->sp, to->sp); }
 #else
-static ucontext_t g_sched_uc;
-static ucontext_t g_ucs[kMaxThreads];
+static ucontext_t g_ucs[kMaxThreads + 1];   // the last one is the scheduler's
 static void uc_main() { fiber_main(g_cur); }
 static void prepare(Fiber* f, char* top) {
   ucontext_t* uc = &g_ucs[f->tid];
@@ -77,10 +75,31 @@ static void prepare(Fiber* f, char* top) {
   uc->uc_link = nullptr;
   makecontext(uc, uc_main, 0);
   f->uc = uc;
+  g_sched.uc = &g_ucs[kMaxThreads];
 }
-static void resume(Fiber* f) { swapcontext(&g_sched_uc, static_cast<ucontext_t*>(f->uc)); }
-void yield_fiber() { swapcontext(static_cast<ucontext_t*>(g_cur->uc), &g_sched_uc); }
+static void switch_to(Fiber* from, Fiber* to) {
+  swapcontext(static_cast<ucontext_t*>(from->uc), static_cast<ucontext_t*>(to->uc));
+}
 #endif
+
+static Fiber* pop_runnable() {
+  Block& b = g_block;
+  Fiber* f = &g_fibers[b.queue[b.qhead]];
+  b.qhead = (b.qhead + 1) % kMaxThreads, b.qlen--;
+  return f;
+}
+
+// The running fiber blocks (its state already says why): straight on to the next runnable fiber,
+// one switch rather than two through the scheduler, or to the scheduler when none is left or a
+// fault ends the block.
+void yield_fiber() {
+  Fiber* self = g_cur;
+  Fiber* next = g_block.qlen > 0 && !g_fault->kind ? pop_runnable() : &g_sched;
+  if (next == self) return;
+  g_cur = next == &g_sched ? nullptr : next;
+  if (g_cur) emu_thread_idx = &g_cur->idx;
+  switch_to(self, next);
+}
 
 static void fiber_main(Fiber* f) {
   g_args->entry(g_args->params);
@@ -149,6 +168,7 @@ static void start_block() {
     const int lanes = b.n - 32 * w < 32 ? b.n - 32 * w : 32;
     b.warps[w].present = lanes == 32 ? ~0u : (1u << lanes) - 1;
     b.warps[w].exited = b.warps[w].pending = b.warps[w].active = b.warps[w].at_bar = 0;
+    b.warps[w].mixed = false;
   }
   for (int t = 0; t < b.n; ++t) {
     Fiber* f = &g_fibers[t];
@@ -164,11 +184,10 @@ static bool run_block() {
   Block& b = g_block;
   start_block();
   for (;;) {
-    while (b.qlen > 0) {
-      g_cur = &g_fibers[b.queue[b.qhead]];
-      b.qhead = (b.qhead + 1) % kMaxThreads, b.qlen--;
+    while (b.qlen > 0) {  // fibers pass control among themselves until none can run
+      g_cur = pop_runnable();
       emu_thread_idx = &g_cur->idx;
-      resume(g_cur);
+      switch_to(&g_sched, g_cur);
       g_cur = nullptr;
       if (g_fault->kind) return false;
     }

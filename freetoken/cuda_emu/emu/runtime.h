@@ -48,8 +48,13 @@ struct Fiber {
 
 struct Lane { int op; unsigned mask; uint64_t val; int arg, width; uint64_t res; };
 // pending: lanes waiting in a shuffle/vote/syncwarp; active: waiting in __activemask; at_bar:
-// waiting at __syncthreads
-struct Warp { unsigned present, exited, pending, active, at_bar; Lane lane[32]; };
+// waiting at __syncthreads. gop/gmask: the operation of the pending lanes unless mixed.
+struct Warp {
+  unsigned present, exited, pending, active, at_bar, gmask;
+  int gop;
+  bool mixed;
+  Lane lane[32];
+};
 
 struct Block {
   int n, exited;

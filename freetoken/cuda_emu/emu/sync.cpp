@@ -61,7 +61,7 @@ EMU_API int emu_syncthreads(const char* file, int line, int pred) {
   if (b.bar_waiting == 0) {
     b.bar_file = file;
     b.bar_line = line;
-  } else if (line != b.bar_line || strcmp(file, b.bar_file) != 0) {
+  } else if (line != b.bar_line || (file != b.bar_file && strcmp(file, b.bar_file) != 0)) {
     fault_in_fiber(F_BARRIER, "barrier divergence: __syncthreads at %s:%d while %d thread(s) "
                    "wait at the one at %s:%d", file, line, b.bar_waiting, b.bar_file, b.bar_line);
   }
@@ -101,14 +101,22 @@ static void check_warp_op(const Warp& w, int lane, int op, unsigned mask, int wi
                    mask & w.exited);
   if (op <= OP_XOR && (width < 1 || width > 32 || (width & (width - 1))))
     fault_in_fiber(F_WARP, "%s width %d is not a power of two in [1, 32]", name, width);
-  for (int p = 0; p < 32; ++p) {  // a partner waiting in an operation that needs this lane
+}
+
+// Slow path, once lanes wait in more than one operation: a partner waiting in an operation that
+// needs this lane is a certain deadlock. Returns the lanes waiting in this very operation.
+static unsigned scan_partners(const Warp& w, int lane, int op, unsigned mask) {
+  unsigned here = 0;
+  for (int p = 0; p < 32; ++p) {
     const Lane& l = w.lane[p];
-    if ((w.pending >> p & 1u) && (mask >> p & 1u) && (l.mask >> lane & 1u) &&
-        (l.op != op || l.mask != mask))
+    if (!(w.pending >> p & 1u)) continue;
+    if (l.op == op && l.mask == mask) here |= 1u << p;
+    else if ((mask >> p & 1u) && (l.mask >> lane & 1u))
       fault_in_fiber(F_WARP, "warp divergence: lane %d calls %s (mask 0x%08x) while lane %d "
-                     "waits for it in %s (mask 0x%08x)", lane, name, mask, p, kOpNames[l.op],
-                     l.mask);
+                     "waits for it in %s (mask 0x%08x)", lane, kOpNames[op], mask, p,
+                     kOpNames[l.op], l.mask);
   }
+  return here;
 }
 
 // Every lane of `mask` has arrived: compute all their results, release the others.
@@ -128,6 +136,7 @@ static void complete(Warp& w, int warp, int self, unsigned mask) {
     }
   }
   w.pending &= ~mask;
+  if (!w.pending) w.mixed = false;
   for (int l = 0; l < 32; ++l)
     if ((mask >> l & 1u) && l != self) wake(warp * 32 + l);
 }
@@ -137,11 +146,13 @@ EMU_API unsigned long long emu_warp_op(int op, unsigned mask, unsigned long long
   const int tid = g_cur->tid, lane = tid & 31;
   Warp& w = g_block.warps[tid / 32];
   check_warp_op(w, lane, op, mask, width);
+  // fast path: every waiting lane is in this same operation (w.gop, w.gmask)
+  const bool same = !w.pending || (!w.mixed && w.gop == op && w.gmask == mask);
+  const unsigned here = (same ? w.pending : scan_partners(w, lane, op, mask)) | 1u << lane;
+  if (!w.pending) w.gop = op, w.gmask = mask;
+  w.mixed = !same;
   w.lane[lane] = Lane{op, mask, v, arg, width, 0};
   w.pending |= 1u << lane;
-  unsigned here = 0;
-  for (int p = 0; p < 32; ++p)
-    if ((w.pending >> p & 1u) && w.lane[p].op == op && w.lane[p].mask == mask) here |= 1u << p;
   if ((here & mask) == mask) {
     complete(w, tid / 32, lane, mask);
   } else {
