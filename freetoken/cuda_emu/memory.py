@@ -64,13 +64,14 @@ class Registry:
         with self._lock:
             i = bisect.bisect(self._starts, start)
             self._starts.insert(i, start)
-            self._items.insert(i, (start, end, item))
+            self._items.insert(i, (start, end, _weak(item)))
 
-    def remove(self, start: int, item) -> None:
+    def remove(self, start: int, item=None) -> None:
+        """Forget the range starting at `start` (the one holding `item` when several do)."""
         with self._lock:
             i = bisect.bisect_left(self._starts, start)
             while i < len(self._items) and self._items[i][0] == start:
-                if self._items[i][2] is item:
+                if item is None or self._items[i][2]() is item:
                     del self._starts[i], self._items[i]
                     return
                 i += 1
@@ -80,10 +81,18 @@ class Registry:
         with self._lock:
             i = bisect.bisect(self._starts, addr) - 1
             if i >= 0:
-                s, e, item = self._items[i]
-                if s <= addr < max(e, s + 1):
-                    return s, e, item
+                s, e, ref = self._items[i]
+                if s <= addr < max(e, s + 1) and ref() is not None:
+                    return s, e, ref()
         return None
+
+
+def _weak(item):
+    """The registry must not keep an allocation alive: weak where the item allows it."""
+    try:
+        return weakref.ref(item)
+    except TypeError:
+        return lambda: item
 
 
 DEVICE = Registry()          # device allocations
@@ -106,7 +115,7 @@ class Allocation:
         self.ptr = device_code.alloc(self.nbytes)
         DEVICE.used += self.nbytes
         DEVICE.add(self.ptr, self.ptr + self.nbytes, self)
-        weakref.finalize(self, _free, self.ptr, self.nbytes, self)
+        weakref.finalize(self, _free, self.ptr, self.nbytes)
 
     def describe(self, addr: int) -> str:
         off = addr - self.ptr
@@ -114,9 +123,9 @@ class Allocation:
         return f"{where} a {self.nbytes}-byte device allocation ({self.site})"
 
 
-def _free(ptr: int, nbytes: int, alloc) -> None:
+def _free(ptr: int, nbytes: int) -> None:
     from freetoken.cuda_emu import device_code
-    DEVICE.remove(ptr, alloc)
+    DEVICE.remove(ptr)
     DEVICE.used -= nbytes
     device_code.free(ptr)
 
@@ -170,7 +179,7 @@ class PinnedMemory:
         self._buf = np.zeros(max(self.size, 1), np.uint8)
         self.ptr = self._buf.ctypes.data
         PINNED.add(self.ptr, self.ptr + self.size, self)
-        weakref.finalize(self, PINNED.remove, self.ptr, self)
+        weakref.finalize(self, PINNED.remove, self.ptr)
 
 
 def PinnedMemoryPointer(mem: PinnedMemory, offset: int):
@@ -185,7 +194,7 @@ def alloc_pinned_memory(size: int):
 
 
 def host_register(ptr: int, size: int, flags: int = 0) -> None:
-    key = ("registered", ptr)
+    key = _Registered(ptr)
     if PINNED.find(ptr) is not None:
         raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered: cudaHostRegister of a range "
                            f"already registered ({ptr:#x})")
@@ -200,4 +209,9 @@ def host_unregister(ptr: int) -> None:
     PINNED.remove(ptr, key)
 
 
-_REGISTERED: dict[int, tuple] = {}
+class _Registered:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+_REGISTERED: dict[int, _Registered] = {}

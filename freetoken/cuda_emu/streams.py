@@ -20,6 +20,9 @@ import time
 
 from freetoken.cuda_emu.memory import _CAPTURE_GUARD, CaptureError
 
+# A GPU runs queued work on its own; a host that never waits blocks once about this many launches
+# are pending. Here the oldest half runs when a queue grows past it (and memory stays bounded).
+QUEUE_DEPTH = 1024
 _seq = itertools.count(1)
 _lock = threading.RLock()
 _local = threading.local()
@@ -62,6 +65,8 @@ class Stream:
             self._legacy_order(name)
             op.seq = next(_seq)
             self._queue.append(op)
+            if len(self._queue) > QUEUE_DEPTH and not self._running:
+                self.run_until(self._queue[len(self._queue) // 2])   # the device catches up
         return op
 
     def _legacy_order(self, name: str) -> None:
