@@ -9,8 +9,15 @@ outside any allocation (guard pages), an out-of-bounds index into a fixed-size a
 shared memory included; -fsanitize=bounds), a dynamic shared-memory overrun, a barrier not every
 thread reaches, a warp operation whose mask names an exited lane.
 
+Not seen: races (threads run one at a time between barriers and warp operations, so a racy
+kernel computes a serial answer, and blocks run in order), an overrun inside the alignment slack
+of an allocation (it reads poison) or an underrun within its first page, pointer arithmetic past
+a static shared array (only indexing is checked), registers and total shared memory per block,
+an endless loop (it hangs). Numerics are the host's: glibc expf/sincosf, no FMA contraction, no
+flush-to-zero.
+
 Builds are cached in ``env.home()/cuda_emu``, keyed by the code, every header it includes, the
-runtime's sources, the compiler and the flags.
+runtime's sources, the compiler and the flags. Kernel classes live in device_launch.py.
 """
 from __future__ import annotations
 
