@@ -1,4 +1,6 @@
-"""Markers: ``gpu`` (skipped without a CUDA device) and ``slow`` (skipped unless --slow)."""
+"""Markers: ``gpu`` (skipped without a CUDA device; FREETOKEN_CUDA_EMULATE=1 provides an emulated
+one), ``slow`` (skipped unless --slow) and ``heavy`` (a gpu test skipped on the emulated device
+unless --slow: too slow there, cheap on a GPU)."""
 import os
 
 import pytest
@@ -16,10 +18,14 @@ def _gpu_reason():
 
 
 def pytest_collection_modifyitems(config, items):
-    gpu_reason = None
+    from freetoken.cupy_loader import emulated
+    gpu_reason, slow = None, config.getoption("--slow")
     for item in items:
-        if "slow" in item.keywords and not config.getoption("--slow"):
+        if "slow" in item.keywords and not slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --slow"))
+        if "heavy" in item.keywords and emulated() and not slow:
+            item.add_marker(pytest.mark.skip(reason="heavy for the emulated device: runs on a real "
+                                             "GPU, emulated with --slow"))
         if "gpu" in item.keywords:
             gpu_reason = gpu_reason or _gpu_reason() or ""
             if gpu_reason:

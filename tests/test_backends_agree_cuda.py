@@ -52,8 +52,10 @@ def _generate(*args):
 
 
 def test_the_cli_prints_the_cpu_text_on_cuda():
+    """The issue's own command (no prompt flag: generate uses its default chat message)."""
     cuda, cpu = _generate("--backend", "cuda"), _generate("--backend", "cpu")
     assert cuda.stdout == cpu.stdout and cuda.stdout.strip()
+    assert "using --chat" in cuda.stderr
     line = next(l for l in cuda.stderr.splitlines() if "MoE hits" in l)
     n = {k: int(v) for k, v in re.findall(r"(hits|misses|fills|cpu_execs) (\d+)", line)}
     assert n["fills"] + n["cpu_execs"] == n["misses"] > 0

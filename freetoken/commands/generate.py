@@ -7,11 +7,15 @@ import sys
 from freetoken.cli import add_config_flags, config_from_args
 
 
+DEFAULT_CHAT = "Write Python code."   # what the demo model was trained to answer
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
-    what = p.add_mutually_exclusive_group(required=True)
+    what = p.add_mutually_exclusive_group()
     what.add_argument("--prompt", help="raw text prompt (no chat template)")
-    what.add_argument("--chat", metavar="MESSAGE", help="one user message, rendered with the chat template")
+    what.add_argument("--chat", metavar="MESSAGE", help="one user message, rendered with the chat "
+                      f"template (with neither flag: --chat {DEFAULT_CHAT!r})")
     add_sampling_flags(p, max_tokens=128, temperature=0.0, top_p=1.0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--stats", action="store_true", help="print MoE cache counters at the end")
@@ -43,6 +47,9 @@ def run(args) -> int:
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
                             ignore_eos=args.ignore_eos)
     prompt = args.prompt
+    if prompt is None and args.chat is None:
+        print(f"[freetoken] no --prompt or --chat given: using --chat {DEFAULT_CHAT!r}", file=sys.stderr)
+        args.chat = DEFAULT_CHAT
     if args.chat is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": args.chat})

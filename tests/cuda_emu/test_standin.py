@@ -1,5 +1,7 @@
 """The CuPy stand-in: streams are not in order for free, never-written memory is loud, capture
 rules hold, and what it does not implement fails at once with the name of the call."""
+import gc
+
 import numpy as np
 import pytest
 
@@ -76,6 +78,7 @@ def test_capture_rejects_host_sync_allocation_and_pageable_copies(cp):
 
 def test_device_size_is_configurable_and_exhaustion_raises(cp, monkeypatch):
     monkeypatch.setenv("FREETOKEN_CUDA_EMULATE_MEMORY", "64M")
+    gc.collect()                                           # earlier tests' garbage is freed now
     free, total = cp.cuda.runtime.memGetInfo()
     assert total == 64 << 20 and free <= total
     keep = cp.empty(16 << 20, cp.uint8)

@@ -8,7 +8,7 @@ from freetoken.kernels._bf16 import from_f32
 from tests.helpers import assert_close
 from freetoken.cupy_loader import cupy as load_cupy
 
-CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (2, 4096), (1, 7)]
+CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (2, 4096), (1, 7), (37, 200), (300, 72)]
 
 
 def _inputs(R, H, dtype):

@@ -20,8 +20,9 @@ DECODE = [  # context length per sequence (one new token each), G, rep, D
 PREFILL = [  # context length per sequence, tokens computed this step (the last ones), G, rep, D
     ([33], [33], 2, 2, 64), ([20, 50], [20, 3], 1, 4, 128), ([45, 9, 30], [45, 9, 1], 2, 1, 64),
     ([37], [37], 1, 2, 256), ([700, 1], [300, 1], 4, 8, 128), ([1500], [200], 4, 4, 64),
-    ([17, 2500], [17, 40], 2, 1, 32),
+    ([17, 2500], [17, 40], 2, 1, 32), ([37], [37], 4, 1, 64),
 ]
+HEAVY = {("C1500-T200-G4-r4-D64", "f32"), ("C1500-T200-G4-r4-D64", "bf16"), ("C700-T301-G4-r8-D128", "f32")}
 
 
 def case(lens, new, G, rep, D, dtype, seed=0):
@@ -64,10 +65,15 @@ def test_gpu_decode_matches_ref(lens, G, rep, D, dtype):
            case(lens, [1] * len(lens), G, rep, D, dtype))
 
 
+def _prefill_id(c):
+    return f"C{max(c[0])}-T{sum(c[1])}-G{c[2]}-r{c[3]}-D{c[4]}"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bf16", "f32"])
-@pytest.mark.parametrize("lens,new,G,rep,D", PREFILL,
-                         ids=[f"C{max(c[0])}-T{sum(c[1])}-G{c[2]}-r{c[3]}-D{c[4]}" for c in PREFILL])
+@pytest.mark.parametrize("dtype,lens,new,G,rep,D", [
+    pytest.param(dtype, *c, id=f"{_prefill_id(c)}-{dtype}",
+                 marks=[pytest.mark.heavy] if (_prefill_id(c), dtype) in HEAVY else [])
+    for c in PREFILL for dtype in ("bf16", "f32")])
 def test_gpu_prefill_matches_ref(lens, new, G, rep, D, dtype):
     _check(f"attention prefill {lens} new {new} G{G} rep{rep} D{D} {dtype}",
            case(lens, new, G, rep, D, dtype))

@@ -15,7 +15,9 @@ CASES = [  # T, H, I, S, k
     (1, 64, 32, 5, 2), (3, 96, 40, 9, 4), (7, 200, 72, 9, 4), (16, 96, 33, 6, 3),      # GEMV
     (17, 64, 40, 9, 4), (70, 96, 72, 5, 3), (33, 100, 33, 9, 4), (300, 256, 128, 17, 4),  # GEMM
     (4, 2048, 768, 17, 8), (40, 2048, 768, 9, 8),                                     # real widths
+    (1, 200, 768, 128, 8), (37, 200, 768, 128, 8), (300, 72, 768, 128, 8),            # E=128, k=8
 ]
+HEAVY = {(4, 2048, 768, 17, 8), (40, 2048, 768, 9, 8), (300, 72, 768, 128, 8)}
 
 
 def pool(rng, S, H, I, dtype):
@@ -64,7 +66,8 @@ def _run(T, H, I, S, k, dtype, seed=0):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
-@pytest.mark.parametrize("T,H,I,S,k", CASES,
+@pytest.mark.parametrize("T,H,I,S,k", [pytest.param(*c, marks=[pytest.mark.heavy] if c in HEAVY else [])
+                                       for c in CASES],
                          ids=[f"T{c[0]}-H{c[1]}-I{c[2]}-S{c[3]}-k{c[4]}" for c in CASES])
 def test_gpu_matches_ref(T, H, I, S, k, dtype):
     expect, got = _run(T, H, I, S, k, dtype)

@@ -7,7 +7,7 @@ from freetoken.kernels import kv_write
 from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
-CASES = [(1, 1, 64, 3), (3, 4, 128, 17), (7, 2, 96, 7), (33, 8, 128, 100)]
+CASES = [(1, 1, 64, 3), (3, 4, 128, 17), (7, 2, 96, 7), (33, 8, 128, 100), (37, 1, 64, 64), (300, 8, 128, 301)]
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])

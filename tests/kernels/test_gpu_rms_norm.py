@@ -8,7 +8,7 @@ from tests.helpers import assert_close
 from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
-CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (5, 1000), (2, 4096), (1, 7)]
+CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (5, 1000), (2, 4096), (1, 7), (37, 200), (300, 72)]
 
 
 def _inputs(R, H, dtype):

@@ -9,7 +9,7 @@ from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
 # (T, heads, D, rotary dims R): odd T, one head, partial rotary (Qwen3.5: R = D/4), R = D
-CASES = [(1, 1, 64, 64), (3, 5, 128, 128), (7, 4, 256, 64), (33, 2, 96, 32), (2, 3, 10, 6)]
+CASES = [(1, 1, 64, 64), (3, 5, 128, 128), (7, 4, 256, 64), (33, 2, 96, 32), (2, 3, 10, 6), (37, 4, 128, 128), (300, 2, 64, 64)]
 
 
 def _inputs(T, nh, D, R):

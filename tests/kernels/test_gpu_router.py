@@ -8,7 +8,8 @@ from tests.helpers import assert_close
 from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
-CASES = [(1, 8, 1), (3, 60, 4), (7, 128, 8), (33, 256, 8), (5, 512, 10), (2, 33, 32), (4, 7, 7)]
+CASES = [(1, 8, 1), (3, 60, 4), (7, 128, 8), (33, 256, 8), (5, 512, 10), (2, 33, 32), (4, 7, 7),
+         (1, 128, 8), (37, 128, 8), (300, 128, 8)]
 
 
 def _run(logits, k, norm):
