@@ -199,6 +199,10 @@ def run(args) -> int:
     if no_gpu:
         print(f"no GPU ({no_gpu}): measuring B_H only; B_P and the contended pair need a GPU")
     else:
+        from freetoken.cupy_loader import emulated
+        if emulated():
+            print("emulated CUDA device (FREETOKEN_CUDA_EMULATE=1): B_P is the emulator's host "
+                  "memcpy, not a PCIe link; the profile is filed under the emulated device's UUID")
         b_p, contended, gpu_id = _gpu_part(bank, shape, args)
     handoff = measure_handoff(tokens=1, hidden=shape["hidden"], top_k=shape["top_k"], iters=100)
     p = prof.Profile(gpu_uuid=gpu_id[0], gpu_name=gpu_id[1], format=shape["format"], expert_bytes=per,

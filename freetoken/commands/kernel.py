@@ -49,7 +49,9 @@ def pick_device(requested: str) -> tuple[str, str]:
         return "cpu", "requested"
     reason = cuda_unavailable_reason()
     if reason is None:
-        return "cuda", "a CUDA device is visible"
+        from freetoken.cupy_loader import emulated
+        return "cuda", ("the emulated CUDA device (FREETOKEN_CUDA_EMULATE=1: correctness only, "
+                        "timings are the emulator's)" if emulated() else "a CUDA device is visible")
     if requested == "cuda":
         raise RuntimeError(f"--device cuda: {reason}")
     return "cpu", f"no GPU ({reason}): running the cpu version against ref instead"
