@@ -24,10 +24,22 @@ def test_resize_keeps_output_and_resets_counters(llm):
 
 def test_invalid_geometry_changes_nothing(llm):
     status = llm.core.cache_status()
-    for bad in [dict(moe_cache_size=3), dict(moe_cache_size=0), dict(num_kv_tokens=1), {}]:
+    for bad in [dict(moe_cache_size=-3), dict(moe_cache_size=0), dict(num_kv_tokens=1), {}]:
         with pytest.raises(RebuildRejected):
             llm.core.rebuild_cache(**bad)
     assert llm.core.cache_status() == status
+
+
+def test_hybrid_rebuilds_to_any_cache_size():
+    """Three slots for 4 layers x 16 experts, top-4: fewer than one step routes; hybrid still runs
+    and gives the same tokens (the rest of each step's misses run on the CPU)."""
+    llm = LLM(backend="cpu", moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.5)
+    params = SamplingParams(max_tokens=12)
+    before = llm.generate(PROMPT, params)[0].token_ids
+    assert llm.core.rebuild_cache(moe_cache_size=3)["moe"]["slots"] == 3
+    assert llm.generate(PROMPT, params)[0].token_ids == before
+    total = llm.stats()["moe"]["total"]
+    assert total["cpu_execs"] > 0 and total["fills"] + total["cpu_execs"] == total["misses"]
 
 
 def test_rejected_while_busy(llm):
