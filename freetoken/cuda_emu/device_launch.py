@@ -31,11 +31,12 @@ SCALAR_TYPES = {
 
 class Param:
     """One kernel parameter: ``ctype`` as written (qualifiers dropped); ``scalar`` is the numpy
-    type to pass, None for a pointer (a device address, an int)."""
+    type to pass, None for a pointer (a device address, an int); ``const`` for read-only ones."""
 
     def __init__(self, text: str):
         words = _QUALIFIERS.sub(" ", text).replace("*", " * ").split()
         self.name, self.pointer = words[-1], "*" in words
+        self.const = "const" in re.findall(r"\w+", text)   # read-only: the launch checks skip it
         self.ctype = " ".join(w for w in words[:-1] if w != "*") + " *" * words.count("*")
         self.scalar = None if self.pointer else SCALAR_TYPES.get(" ".join(words[:-1]))
 

@@ -8,8 +8,6 @@ input. Outputs over CHECK_BYTES are not compared (the copy would dominate the ru
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from freetoken.cuda_emu import memory
@@ -17,22 +15,6 @@ from freetoken.cuda_emu.ndarray import ndarray
 from freetoken.cuda_emu.streams import get_current_stream
 
 CHECK_BYTES = 16 << 20
-_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s+)?"
-_ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+' + _BOUNDS + r"void\s+" + _BOUNDS +
-                    r"(\w+)\s*\(([^)]*)\)", re.S)
-
-
-def signatures(code: str) -> dict[str, list[tuple[str, bool, bool]]]:
-    """{entry: [(param name, is_pointer, is_const), ...]} of every extern "C" __global__."""
-    out = {}
-    for name, params in _ENTRY.findall(code):
-        decl = []
-        for p in (p.strip() for p in params.split(",")):
-            if p:
-                words = re.findall(r"\w+", p)
-                decl.append((words[-1], "*" in p, "const" in words))
-        out[name] = decl
-    return out
 
 
 class RawModule:
@@ -46,7 +28,9 @@ class RawModule:
             raise NotImplementedError("emulated CuPy: RawModule(path=...) (cubin/ptx) is not emulated")
         self.code, self.options = code, tuple(options)
         self._module = device_code.build(code, self.options)
-        self._signatures = signatures(code)
+        from freetoken.cuda_emu.device_launch import entries
+        self._signatures = {name: [(p.name, p.pointer, p.const) for p in params]
+                            for name, params in entries(code).items()}
 
     def get_function(self, name: str) -> "RawKernel":
         return RawKernel._from_module(self, name)

@@ -76,6 +76,15 @@ class Registry:
                     return
                 i += 1
 
+    def below(self, addr: int):
+        """(start, end, item) of the live range starting at or below addr, else None."""
+        with self._lock:
+            i = bisect.bisect(self._starts, addr) - 1
+            if i >= 0 and self._items[i][2]() is not None:
+                s, e, ref = self._items[i]
+                return s, e, ref()
+        return None
+
     def find(self, addr: int):
         """(start, end, item) holding addr, else None."""
         with self._lock:
@@ -134,8 +143,8 @@ def describe_address(addr: int | None) -> str:
     """What a faulting address is: inside/just past a device allocation, or unknown memory."""
     if addr is None:
         return "address unknown"
-    hit = DEVICE.find(addr) or DEVICE.find(addr - 4096) or DEVICE.find(addr + 4096)
-    if hit is not None:
+    hit = DEVICE.below(addr)
+    if hit is not None and addr - hit[1] < 2 * 4096:     # inside, or in the guard page after it
         return f"address {addr:#x}: {hit[2].describe(addr)}"
     return f"address {addr:#x}: not in any live device allocation"
 

@@ -115,3 +115,34 @@ def test_views_share_memory_and_gathers_copy(cp):
     assert picked.get().tolist() == [[8, 9, 10, 11], [0, 1, 2, 3]]   # ran before the write
     assert a.get()[1].tolist() == [0, 0, 0, 0]
     assert int(a.sum()) == sum([0, 1, 2, 3, -20])
+
+
+DOUBLE = r"""
+extern "C" __global__ void double_it(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+"""
+
+
+def test_a_kernel_reading_never_written_memory_is_named(cp):
+    from freetoken.cuda_emu.device_code import EmuFault
+    kern = cp.RawModule(code=DOUBLE).get_function("double_it")
+    x, y = cp.empty(64, cp.float32), cp.zeros(64, cp.float32)
+    x[:32] = 1.0                                           # the second half is never written
+    kern((1,), (32,), (x, y, np.int32(32)))
+    assert y[:32].get().tolist() == [2.0] * 32             # what was written reads fine
+    kern((2,), (32,), (x, y, np.int32(64)))
+    with pytest.raises(EmuFault, match=r"double_it: wrote NaN into 32 elements of `y` while its "
+                                       r"input `x` holds 32 never-written words"):
+        y.get()
+
+
+def test_an_out_of_bounds_read_names_the_allocation(cp):
+    from freetoken.cuda_emu.device_code import EmuFault
+    kern = cp.RawModule(code=DOUBLE).get_function("double_it")
+    x, y = cp.zeros(8, cp.float32), cp.zeros(4096, cp.float32)
+    kern((16,), (256,), (x, y, np.int32(4096)))            # reads x far past its 8 floats
+    with pytest.raises(EmuFault, match=r"double_it.*32-byte device allocation \(float32\[8\] "
+                                       r"allocated at test_standin.py"):
+        cp.cuda.Device().synchronize()
