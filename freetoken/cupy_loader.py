@@ -6,7 +6,7 @@ Every module that needs CuPy calls ``cupy()`` (or ``cupyx()``) at use, never at 
 """
 from __future__ import annotations
 
-import functools
+import importlib
 
 from freetoken.env import flag
 
@@ -16,21 +16,19 @@ def emulated() -> bool:
     return flag("CUDA_EMULATE")
 
 
-@functools.cache
-def _load(emulate: bool):
+def _load(emulate: bool, name: str):
+    # no cache of our own: sys.modules is one, and tests may swap a fake cupy in there
     if emulate:
         from freetoken.cuda_emu import cupy_standin
-        return cupy_standin, cupy_standin.cupyx
-    import cupy as real
-    import cupyx as real_x
-    return real, real_x
+        return cupy_standin if name == "cupy" else cupy_standin.cupyx
+    return importlib.import_module(name)
 
 
 def cupy():
     """The cupy module in use (raises ImportError when real CuPy is wanted and missing)."""
-    return _load(emulated())[0]
+    return _load(emulated(), "cupy")
 
 
 def cupyx():
     """The cupyx module matching cupy() (pinned allocations)."""
-    return _load(emulated())[1]
+    return _load(emulated(), "cupyx")

@@ -33,8 +33,9 @@ import numpy as np
 
 from freetoken.cuda_emu import memory, pools, runtime as _runtime, streams
 from freetoken.cuda_emu.kernels import RawKernel, RawModule
-from freetoken.cuda_emu.ndarray import (MemoryPointer, UnownedMemory, deferred, from_host, ndarray,
-                                        sync_current)
+from freetoken.cuda_emu.deferred import deferred, enqueue, from_host, sync_current
+from freetoken.cuda_emu.ndarray import _real, ndarray
+from freetoken.cuda_emu.pools import MemoryPointer, UnownedMemory
 
 __version__ = "13.6.0+freetoken-emulated"
 EMULATED = True
@@ -134,7 +135,6 @@ def asnumpy(a, stream=None, order="C", out=None, blocking=True):
 
 
 def copyto(dst, src, casting="same_kind", where=None) -> None:
-    from freetoken.cuda_emu.ndarray import _real, enqueue
     enqueue("copyto", lambda: np.copyto(dst._a, _real(src), casting=casting))
 
 
@@ -165,7 +165,6 @@ def _sync_fn(name):
     fn = getattr(np, name)
 
     def call(*args, **kw):
-        from freetoken.cuda_emu.ndarray import _real
         sync_current(f"cupy.{name}")
         result = fn(*_real(args), **_real(kw))
         return tuple(from_host(r) for r in result) if isinstance(result, tuple) else from_host(result)

@@ -16,30 +16,9 @@ import operator
 import numpy as np
 
 from freetoken.cuda_emu import memory
-from freetoken.cuda_emu.streams import get_current_stream, host_sync
-
-
-class MemoryPointer:
-    """cupy.cuda.MemoryPointer: (memory object, offset) with .ptr."""
-
-    def __init__(self, mem, offset: int):
-        self.mem, self.ptr = mem, int(mem.ptr) + int(offset)
-
-    def __int__(self) -> int:
-        return self.ptr
-
-
-class UnownedMemory:
-    """cupy.cuda.UnownedMemory: memory someone else owns (a pinned host bank seen through UVA)."""
-
-    def __init__(self, ptr: int, size: int, owner, device_id: int = 0):
-        self.ptr, self.size, self.owner, self.device_id = int(ptr), int(size), owner, device_id
-
-
-def _allocate(nbytes: int, what: str):
-    """A MemoryPointer from the allocator in use (memory.py's current one, or a fresh allocation)."""
-    from freetoken.cuda_emu import pools
-    return pools.current_allocator()(nbytes, what)
+from freetoken.cuda_emu.deferred import deferred, enqueue, from_host, sync_current
+from freetoken.cuda_emu.pools import MemoryPointer, UnownedMemory, _Raw, allocate
+from freetoken.cuda_emu.streams import get_current_stream
 
 
 class ndarray:
@@ -52,7 +31,7 @@ class ndarray:
         shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if memptr is None:
-            memptr = _allocate(nbytes, f"{dtype.name}{list(shape)}")
+            memptr = allocate(nbytes, f"{dtype.name}{list(shape)}")
             memptr.mem.itemsize = dtype.itemsize      # the width a copy-back checks poison at
         extent = nbytes if strides is None else _extent(shape, strides, dtype.itemsize)
         buf = memory.host_view(memptr.ptr, extent)
@@ -232,11 +211,6 @@ ndarray.__hash__ = None
 
 # --- the machinery ---------------------------------------------------------------------------
 
-class _Raw:
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-
 def _device0():
     from freetoken.cuda_emu.runtime import Device
     return Device(0)
@@ -317,52 +291,3 @@ class _PinnedSource(ndarray):
         self._a, self._owner = host, None
 
 
-def enqueue(name: str, fn) -> None:
-    get_current_stream().enqueue(fn, name)
-
-
-def sync_current(what: str, stream=None) -> None:
-    host_sync(what)
-    (stream or get_current_stream()).run_until(None)
-
-
-def from_host(host: np.ndarray) -> ndarray:
-    """A new device array holding a copy of host data (written at once: a blocking copy)."""
-    host = np.ascontiguousarray(host)
-    out = ndarray(host.shape, host.dtype)
-    np.copyto(out._a, host)
-    return out
-
-
-def _alloc_like(meta):
-    if isinstance(meta, tuple):
-        return tuple(_alloc_like(m) for m in meta)
-    meta = np.asarray(meta)
-    return ndarray(meta.shape, meta.dtype)
-
-
-def _store(out, result, name: str) -> None:
-    if isinstance(out, tuple):
-        for o, r in zip(out, result):
-            _store(o, r, name)
-        return
-    result = np.asarray(result)
-    if result.shape != out.shape:
-        raise RuntimeError(f"{name}: result shape {result.shape} depends on device data "
-                           f"(the dry run gave {out.shape}); use a synchronising call")
-    np.copyto(out._a, result, casting="unsafe")
-
-
-def deferred(name: str, fn, args: tuple, kwargs: dict | None = None):
-    """fn(*args) on the current stream, into new device arrays sized by a dry run on zeros."""
-    kwargs = kwargs or {}
-    with np.errstate(all="ignore"):
-        meta = fn(*_meta(args), **_meta(kwargs))
-    out = _alloc_like(meta)
-    real_args = args       # device arrays stay referenced until the closure has run
-
-    def run():
-        with np.errstate(all="ignore"):
-            _store(out, fn(*_real(real_args), **_real(kwargs)), name)
-    enqueue(name, run)
-    return out

@@ -15,6 +15,34 @@ from freetoken.cuda_emu.streams import allow_capture_allocations
 _local = threading.local()
 
 
+class MemoryPointer:
+    """cupy.cuda.MemoryPointer: (memory object, offset) with .ptr."""
+
+    def __init__(self, mem, offset: int):
+        self.mem, self.ptr = mem, int(mem.ptr) + int(offset)
+
+    def __int__(self) -> int:
+        return self.ptr
+
+
+class UnownedMemory:
+    """cupy.cuda.UnownedMemory: memory someone else owns (a pinned host bank seen through UVA)."""
+
+    def __init__(self, ptr: int, size: int, owner, device_id: int = 0):
+        self.ptr, self.size, self.owner, self.device_id = int(ptr), int(size), owner, device_id
+
+
+def allocate(nbytes: int, what: str) -> "MemoryPointer":
+    """A MemoryPointer from the allocator in use (using_allocator's, else the default pool)."""
+    return current_allocator()(nbytes, what)
+
+
+class _Raw:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+
 class MemoryPool:
     """cupy.cuda.MemoryPool. A pool other than the default one is private: graph capture may
     allocate from it (the graphs keep its blocks)."""
@@ -24,7 +52,6 @@ class MemoryPool:
         self._live = 0
 
     def malloc(self, size: int, what: str = "") -> "MemoryPointer":
-        from freetoken.cuda_emu.ndarray import MemoryPointer
         if self._default:
             return MemoryPointer(memory.Allocation(size, what), 0)
         with allow_capture_allocations():
