@@ -59,3 +59,25 @@ def test_the_cli_prints_the_cpu_text_on_cuda():
     line = next(l for l in cuda.stderr.splitlines() if "MoE hits" in l)
     n = {k: int(v) for k, v in re.findall(r"(hits|misses|fills|cpu_execs) (\d+)", line)}
     assert n["fills"] + n["cpu_execs"] == n["misses"] > 0
+
+
+def test_a_gpu_with_no_room_for_experts_still_runs_hybrid(expected):
+    """--gpu-memory-gb leaving less than one expert after weights, workspace and KV: the plan
+    gives 0 slots, the engine takes 1 (not the 25% default, which would not fit), and hybrid runs
+    every other miss on the CPU."""
+    from freetoken import LLM
+    from freetoken.config import EngineConfig, ModelConfig
+    from freetoken.demo import packaged_demo_dir
+    from freetoken.engine import gpu_budget as gb
+    cfg, ec = ModelConfig.from_hf(packaged_demo_dir()), EngineConfig(num_kv_tokens=4096)
+    room = gb.weight_bytes(cfg) + gb.workspace_bytes(cfg, ec) + 4096 * gb.kv_bytes_per_token(cfg, ec)
+    options = dict(backend="cuda", moe_backend="hybrid", num_kv_tokens=4096, moe_fetch_fraction=1.0,
+                   gpu_memory_gb=(room + 1000) / gb.GB)        # the cap is the whole budget
+    llm = LLM(enable_prefix_cache=False, **options)
+    try:
+        assert llm.stats()["moe"]["slots"] == 1
+    finally:
+        llm.core.close()
+    ids, text, total = greedy(options)
+    assert (ids, text) == expected[:2]
+    assert total["cpu_execs"] > 0 and total["fills"] > 0

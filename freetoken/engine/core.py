@@ -88,6 +88,11 @@ class EngineCore:
             changes["num_kv_tokens"] = plan.kv_tokens
         if self.config.moe_cache_size <= 0 and self.config.moe_cache_rate <= 0:
             changes["moe_cache_size"] = min(plan.expert_slots, plan.total_experts)
+            if plan.expert_slots == 0 and self.config.moe_backend not in ("cpu", "fused"):
+                # 0 would read as "not given" (the 25% default, which does not fit); one slot
+                # runs: hybrid sends whatever does not fit to the CPU
+                logger.info("GPU memory plan leaves no room for expert slots; using 1")
+                changes["moe_cache_size"] = 1
         self.config = self.config.replace(**changes)
 
     def _place_weights(self, weights):
