@@ -53,3 +53,14 @@ def test_compare_reports_worst_index():
     assert not ok and "max abs 0.5 at (2, 1)" in line
     line, ok = compare("ids", np.arange(4, dtype=np.int32), np.array([0, 1, 5, 3], np.int32), 0, 0)
     assert not ok and "1 of 4 differ; first at (2,): ref 2, got 5" in line
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["embedding", "rms_norm", "add_rms_norm", "rope", "linear", "kv_write",
+                                "attention", "router", "experts", "sampling"])
+def test_every_op_passes_on_the_device(op):
+    """`kernel OP --device cuda --check` at each op's default shape (a GPU, or the emulated one)."""
+    proc = subprocess.run([sys.executable, "-m", "freetoken", "kernel", op, "--device", "cuda",
+                           "--check"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{op}.gpu" in proc.stdout and "PASS" in proc.stdout and "FAIL" not in proc.stdout
