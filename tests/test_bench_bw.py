@@ -49,3 +49,20 @@ def test_expert_shape_and_synthetic_bank():
     exponent = (gu >> 7) & 0xFF
     assert exponent.min() >= 119 and exponent.max() <= 122        # no denormals, no zeros
     assert synthetic_bank(tiny, 0)[0].shape[0] == 2 * tiny["top_k"]   # windows stay disjoint
+
+
+@pytest.mark.gpu
+def test_device_run_measures_the_fill_path_and_the_pair(tmp_path):
+    """B_P through the fill kernel over the pinned pool, the contended pair and phi, on the
+    device (a GPU, or the emulated one: then the numbers are the emulator's, and it says so)."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "bw.json"
+    proc = subprocess.run([sys.executable, "-m", "freetoken", "bench", "bw", "--bank-mib", "16",
+                           "--iters", "8", "--seconds", "0.5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "B_P" in proc.stdout and "contended pair" in proc.stdout and "phi" in proc.stdout
+    (gpu,) = json.loads(out.read_text())["profiles"].values()
+    assert gpu["bf16"]["b_p_gbs"] > 0 and gpu["bf16"]["contended"]["pcie_gbs"] > 0
