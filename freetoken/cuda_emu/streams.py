@@ -50,7 +50,7 @@ class Stream:
         self._running = False
         _streams_by_ptr[self.ptr] = self
         if not null:
-            _blocking_or_all.append(self)
+            _ALL_STREAMS.append(self)
 
     # -- enqueue ---------------------------------------------------------------------------
     def enqueue(self, fn, name: str) -> Op:
@@ -74,7 +74,7 @@ class Stream:
         work, and blocking streams' work waits for the null stream's."""
         if self.non_blocking:
             return
-        others = [s for s in _blocking_or_all if not s.non_blocking and s is not self] if self.null \
+        others = [s for s in _ALL_STREAMS if not s.non_blocking and s is not self] if self.null \
             else [NULL]
         tails = [(s, s._queue[-1]) for s in others if s._queue]
         if tails:
@@ -156,7 +156,7 @@ class Stream:
         return self
 
 
-_blocking_or_all: list[Stream] = []
+_ALL_STREAMS: list[Stream] = []
 NULL = Stream(null=True)
 Stream.null = NULL          # cupy.cuda.Stream.null
 
@@ -188,7 +188,7 @@ def host_sync(what: str) -> None:
 
 def synchronize_all(what: str = "Device().synchronize()") -> None:
     host_sync(what)
-    for s in [NULL] + list(_blocking_or_all):
+    for s in [NULL] + list(_ALL_STREAMS):
         s.run_until(None)
 
 
