@@ -133,15 +133,16 @@ class EngineCore:
         return KVPool(cfg.num_layers, tokens, cfg.num_kv_heads, cfg.head_dim, dtype, self.ops.xp)
 
     def _make_moe(self):
+        """The MoE runtime over this backend's device; auto is resolved from the bandwidth profile
+        on a GPU, by build_moe on the host (cpu)."""
+        from freetoken.moe.device import device_for
+        from freetoken.moe.runtime import build_moe
         cfg = self.model_config
         banks = [(self.weights.layers[i].gate_up, self.weights.layers[i].down) for i in cfg.moe_layers]
-        if self.ops.name != "cuda":
-            from freetoken.moe.runtime import build_moe
-            return build_moe(cfg, banks, self.config, self.ops.experts, logger)
-        from freetoken.moe.gpu_runtime import build_gpu_moe
-        backend, phi = self._gpu_moe_choice(banks)
-        moe = build_gpu_moe(cfg, getattr(self, "host_pool", None) or banks, self.config,
-                            self.ops.experts, logger, backend=backend, profile_phi=phi)
+        dev = device_for(self.ops.name)
+        backend, phi = (None, None) if dev.host_memory else self._gpu_moe_choice(banks)
+        moe = build_moe(cfg, getattr(self, "host_pool", None) or banks, self.config, self.ops.experts,
+                        logger, dev=dev, backend=backend, profile_phi=phi)
         self.host_pool = moe.host          # pinned once; rebuilds and new runtimes reuse it
         return moe
 

@@ -35,29 +35,31 @@ def rebuild_cache(core, moe_cache_size: int | None = None, num_kv_tokens: int | 
     if core.has_work():
         raise EngineBusy("cache rebuild needs an idle engine: requests are queued or running")
     new_config = _validated(core, moe_cache_size, num_kv_tokens)
-    old = (core.config, core.moe, core.kv, core.prefix_cache)
+    old_config, old_slots, resized = core.config, core.moe.stats().get("slots"), False
     try:
         core.config = new_config
-        if moe_cache_size is not None and hasattr(core.moe, "rebuild"):
-            # The GPU runtime resizes its slot pool in place (freeing the old one first, so the
-            # device never holds both); it rolls back by itself and re-raises on failure.
-            from freetoken.moe.options import Log, cache_slots
-            cfg = core.model_config
-            core.moe.rebuild(cache_slots(len(cfg.moe_layers), cfg.num_experts,
-                                         cfg.num_experts_per_tok, new_config, Log(logger)))
-            moe = core.moe
-        else:
-            moe = core._make_moe() if moe_cache_size is not None else core.moe
+        if moe_cache_size is not None:
+            # The runtime resizes its slot pool in place (freeing the old one first, so the device
+            # never holds both); it rolls back by itself and re-raises on failure.
+            core.moe.rebuild(_slots(core, new_config))
+            resized = True
         kv = core._make_kv_pool() if num_kv_tokens is not None else core.kv
     except Exception as e:
-        core.config = old[0]
+        core.config = old_config
+        if resized:                               # the KV pool failed: the old expert cache back
+            core.moe.rebuild(old_slots)
         raise RebuildRejected(f"cache rebuild failed, previous geometry kept: {e}") from e
-    if moe is not old[1]:
-        old[1].close()
-    _install(core, moe, kv, reset_prefix=kv is not old[2])
+    _install(core, kv, reset_prefix=kv is not core.kv)
     logger.info("cache rebuilt: expert cache %s slots, KV pool %d tokens",
                 core.moe.stats().get("slots"), core.kv.num_slots)
     return cache_status(core)
+
+
+def _slots(core, config) -> int:
+    """The expert cache size config asks for, by the start-up rules (options.cache_slots)."""
+    from freetoken.moe.options import Log, cache_slots
+    cfg = core.model_config
+    return cache_slots(len(cfg.moe_layers), cfg.num_experts, cfg.num_experts_per_tok, config, Log(logger))
 
 
 def _validated(core, moe_cache_size, num_kv_tokens):
@@ -78,19 +80,15 @@ def _validated(core, moe_cache_size, num_kv_tokens):
         raise RebuildRejected("nothing to rebuild: give moe_cache_size and/or num_kv_tokens")
     config = core.config.replace(**changes)
     if moe_cache_size is not None:
-        from freetoken.moe.options import Log, cache_slots
-        cfg = core.model_config
         try:   # the same check as at start-up: at least one decode step's distinct experts
-            cache_slots(len(cfg.moe_layers), cfg.num_experts, cfg.num_experts_per_tok, config, Log(logger))
+            _slots(core, config)
         except ConfigError as e:
             raise RebuildRejected(str(e)) from e
     return config
 
 
-def _install(core, moe, kv, reset_prefix: bool) -> None:
+def _install(core, kv, reset_prefix: bool) -> None:
     from freetoken.engine.radix import RadixCache
-    core.moe = moe
-    core.model.moe = moe
     core.kv = core.model.kv = core.scheduler.kv = kv
     if reset_prefix and core.prefix_cache is not None:
         core.prefix_cache = core.scheduler.cache = RadixCache()

@@ -1,11 +1,17 @@
 """Routed experts: slot cache and residency step, q* split, CPU executor, runtime backends, traces.
 
-  split.py      q* rule (Q16 integers) and FetchPolicy (fraction | cap | all, min-fill)
-  residency.py  SlotCache: one LRU of S slots for all MoE layers; the residency step (the spec)
-  pool.py       expert banks and the host stand-in for the device slot pool
-  executor.py   CpuExecutor: one worker thread running the `experts` op on host banks
-  options.py    start-up decisions: backend, cache size, fetch policy (logged)
-  runtime.py    build_moe -> MoERuntime.forward(j, x, ids, weights, prefill)
-  trace.py      routing traces: recorder, reader, synthetic generator
+  split.py         q* rule (Q16 integers) and FetchPolicy (fraction | cap | all, min-fill)
+  residency.py     SlotCache: one LRU of S slots for all MoE layers; the residency step (the spec)
+  residency_gpu.py the residency state on a device: CUDA kernel, or the spec over host arrays
+  pool.py          Bank (a layer's host experts) and the bank shape check
+  host_pool.py     the host expert pool, pinned when a GPU reads it
+  device.py        HostDevice (numpy) / CudaDevice (CuPy): arrays, copies, streams, events
+  executor.py      CpuExecutor: one worker thread running the `experts` op on host banks
+  cpu_branch.py    the -1 experts of a layer call on the CPU: staged (GPU) or in place (host)
+  prefill.py       whole-layer prefill streaming through the slot pool
+  options.py       start-up decisions: backend, cache size, fetch policy (logged)
+  runtime.py       build_moe(..., dev) -> MoERuntime.forward(j, x, ids, weights, prefill), any device
+  profile.py       bandwidth profile, phi, backend recommendation
+  trace.py         routing traces: recorder, reader, synthetic generator
 See docs/moe.md. Nothing is imported here, so `import freetoken.moe` stays cheap.
 """

@@ -1,16 +1,26 @@
-"""The CPU branch of a device MoE layer call (DESIGN §5.2 hybrid, §5.4): the (token, expert) pairs
-the residency step left at -1 run on the CPU from the host pool while the GPU runs the rest.
+"""The CPU branch of a MoE layer call (DESIGN §5.2 hybrid, §5.4): the (token, expert) pairs the
+residency step left at -1 run on the CPU from the host pool while the device runs the rest. The
+runtime calls ``start`` after the residency step, ``finish`` after the device's experts op, and
+``run_all`` for the cpu backend; `make_cpu_branch` picks one of two implementations by the
+device's one capability (device.host_memory).
 
-Per call, on the compute stream: x, the CPU ids and the weights are copied to pinned staging
-buffers and an event is recorded (``stage``). The host waits for that event only after it has
-enqueued the GPU's own work, so the GPU computes its hits and fills meanwhile; the CPU op then
-runs (on the executor's worker thread, or inline on the caller's thread), and its partial sum is
-copied back and added to the GPU's output on the compute stream (``finish``). A call whose pairs
-all got a slot costs the copy and the event wait, no hand-off and no merge.
+``CpuBranch`` (a discrete device). Per call, on the compute stream: x, the CPU ids and the weights
+are copied to pinned staging buffers and an event is recorded (``start``/``stage``). The host
+waits for that event only after it has enqueued the GPU's own work, so the GPU computes its hits
+and fills meanwhile; the CPU op then runs (on the executor's worker thread, or inline on the
+caller's thread), and its partial sum is copied back and added to the GPU's output on the compute
+stream (``finish``). A call whose pairs all got a slot costs the copy and the event wait, no
+hand-off and no merge.
 
 Staging buffers are shared by all layers (one set per token count): safe because layer l's merge
 copy is enqueued before layer l+1's staging copy, whose event the host waits for before the CPU
 writes the buffers again (upstream pitfall 9).
+
+``HostCpuBranch`` (a host-memory device): x, the ids and the weights are host arrays already and
+the device op before ``start`` is done, so there is nothing to stage or copy back, and the job can
+go to the executor thread at once: it then overlaps the fills and the slot-pool op that follow.
+``run_all`` has nothing to overlap with, so it calls the kernel inline on the caller's thread: a
+hand-off to the executor thread measured 5-22% slower on 2 cores (docs/performance.md).
 
 Shape legend: T tokens, H hidden, k routed.
 """
@@ -56,6 +66,10 @@ class CpuBranch:
             self._bufs[(H, k)] = (cap, bufs)
         return tuple(b[:T] for b in bufs)
 
+    def start(self, x, cpu_ids, weights, bank) -> tuple:
+        """Stage the call's inputs (see stage); bank (gate_up, down) is the layer's host bank."""
+        return self.stage(x, cpu_ids, weights), bank
+
     def stage(self, x, cpu_ids, weights) -> tuple:
         """Enqueue x f32[T,H], cpu_ids int32[T,k] (-1: not on the CPU), weights f32[T,k] -> pinned."""
         bufs = self._buffers(x.shape[0], x.shape[1], cpu_ids.shape[1])
@@ -64,11 +78,13 @@ class CpuBranch:
         self.dev.record(self._staged)
         return bufs
 
-    def finish(self, bufs: tuple, bank, out) -> bool:
-        """Wait for the staging copy, run the CPU pairs on bank (gate_up, down), add into out
-        f32[T,H] on the compute stream. False (nothing done) when no pair is on the CPU."""
+    def finish(self, job: tuple, out) -> bool:
+        """Wait for the staging copy, run the CPU pairs of start's job, add into out f32[T,H] on
+        the compute stream. False (nothing done) when no pair is on the CPU, or when out is None
+        (the device op raised: the staging copy is only waited for)."""
+        bufs, bank = job
         self.dev.synchronize(self._staged)
-        if not (bufs[1] >= 0).any():
+        if out is None or not (bufs[1] >= 0).any():
             return False
         self.compute(bufs, bank)
         self.merge(bufs, out)
@@ -100,6 +116,50 @@ class CpuBranch:
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()
+
+
+class HostCpuBranch:
+    """The CPU branch on a host-memory device: in place, no staging, no merge copy. overlap (hybrid)
+    gives it the executor thread; without it (the cpu backend) there is none."""
+
+    def __init__(self, cpu_op, threads: int = 0, overlap: bool = True):
+        self._op = cpu_op
+        self.executor = CpuExecutor(cpu_op, threads) if overlap else None
+        self.calls = 0                   # layer calls that had CPU work
+
+    def start(self, x, cpu_ids, weights, bank):
+        """Submit the -1 pairs (cpu_ids int32[T,k], -1: not on the CPU) to the executor thread;
+        None when there are none. The arrays must stay as they are until finish()."""
+        if not (cpu_ids >= 0).any():
+            return None
+        self.calls += 1
+        self.executor.submit(x, cpu_ids, weights, bank[0], bank[1])
+        return True
+
+    def finish(self, job, out) -> None:
+        """Wait for the job and add its partial sum into out (None: the device op raised; only
+        wait, so that no job is left in flight)."""
+        partial = self.executor.wait()
+        if out is not None:
+            out += partial
+
+    def run_all(self, x, ids, weights, bank):
+        """Every pair on the CPU (the cpu backend), inline: f32[T,H]."""
+        self.calls += 1
+        out = np.empty((x.shape[0], x.shape[1]), np.float32)
+        return self._op(x, ids, weights, bank[0], bank[1], out)
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+
+
+def make_cpu_branch(dev, cpu_op, threads: int = 0, mode: str = HANDOFF_MODE, overlap: bool = True):
+    """The CPU branch for dev: in place on a host-memory device (mode does not apply there: it runs
+    on the executor thread when overlap, inline otherwise), staged through pinned buffers else."""
+    if dev.host_memory:
+        return HostCpuBranch(cpu_op, threads, overlap)
+    return CpuBranch(dev, cpu_op, threads, mode)
 
 
 def _zero_work(x, ids, weights, gate_up, down, out=None):

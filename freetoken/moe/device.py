@@ -4,12 +4,17 @@
 called (the model's); fills and prefill loads run on one dedicated non-blocking copy stream,
 ordered against compute with events; D2H/H2D go through pinned staging buffers with
 cudaMemcpyAsync on the compute stream. ``HostDevice``: numpy arrays, and every "async" operation is
-done on the spot; it runs the same runtime code on a machine without a GPU (CI).
+done on the spot; the CPU engine runs the MoE runtime over it.
 
-Each has: ``xp``, ``residency(L, E, S)``, ``needs_pinning``, ``host_views(host_pool, j)``,
+Each has: ``xp``, ``residency(L, E, S)``, ``needs_pinning``, ``host_memory``, ``host_views(host_pool, j)``,
 ``to_device(a)``, ``pinned(shape, dtype)``, ``d2h(dst, src)``, ``h2d(dst, src)``, ``event()``,
 ``record(ev, on_copy=False)``, ``wait(ev, on_copy=False)``, ``synchronize(ev)``, ``copy_stream()``
 (a context manager making the copy stream current), ``free_cached()``.
+
+``host_memory`` is the one capability the runtime specialises on, once, at construction: the
+device's arrays are host arrays and every operation is done when it returns. Then every expert is
+already "resident" (prefill and fused read the host bank in place), and the CPU branch needs no
+staging and can start before the device op instead of after it (cpu_branch.py).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ class HostDevice:
     """The host standing in for the device: arrays are numpy, copies are memcpy, events are no-ops."""
 
     needs_pinning = False
+    host_memory = True
     name = "host"
 
     def __init__(self):
@@ -70,6 +76,7 @@ class CudaDevice:
     """CuPy on the current device; one copy stream for fills and prefill loads."""
 
     needs_pinning = True
+    host_memory = False
     name = "cuda"
 
     def __init__(self):
@@ -132,6 +139,11 @@ class CudaDevice:
         """Hand freed pool blocks back to the driver (before a larger pool is allocated)."""
         self._cp.cuda.Device().synchronize()
         self._cp.get_default_memory_pool().free_all_blocks()
+
+
+def device_for(backend: str):
+    """The MoE device of an ops backend (backend.get_ops): CudaDevice for "cuda", else HostDevice."""
+    return CudaDevice() if backend == CudaDevice.name else HostDevice()
 
 
 def gpu_identity() -> tuple[str, str] | None:

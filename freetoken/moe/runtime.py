@@ -1,14 +1,31 @@
-"""The MoE layer runtime: one object behind `moe.forward(j, x, ids, weights, prefill)` (docs/contracts.md).
+"""The MoE layer runtime: one object behind `moe.forward(j, x, ids, weights, prefill)`
+(docs/contracts.md) for every backend of DESIGN §5.2, over a device `dev` (moe/device.py). The CPU
+engine runs it over HostDevice (numpy), the CUDA engine over CudaDevice (CuPy; with
+FREETOKEN_CUDA_EMULATE=1 that is the emulated device, on the CPU).
 
-Backends (DESIGN §5.2): fused (experts_op on the layer's whole bank), offload (every miss filled
-into the slot pool, then experts_op over the pool), cpu (every routed expert on the CPU from the
-host bank; inline here, as there is no device to overlap with), hybrid (q of the m misses filled, the rest on the executor thread
-while experts_op runs the resident ones; the two partial sums are added).
+Decode, offload and hybrid, per MoE layer call, all enqueued without waiting on the device:
+1. the caller's ids are copied to a scratch array and the residency step rewrites them to slot
+   or -1 (and writes the CPU ids and the fill plan) on the compute stream;
+2. hybrid: the CPU branch starts (cpu_branch.py). On a discrete device it stages x, the CPU ids and
+   the weights to pinned host buffers; on a host-memory device it hands the -1 pairs to the
+   executor thread at once, so that they overlap the fills and the slot-pool op of 3-4;
+3. the fill plan's rows are copied host pool -> slots on the copy stream, which waits for the
+   residency step (so no expert still read by the previous layer is overwritten) and which the
+   compute stream then waits for;
+4. the experts op runs over the slot pool; -1 rows contribute nothing (the op masks them);
+5. hybrid: the CPU branch finishes. On a discrete device only now the host waits for the staging
+   copy and runs the -1 pairs, while the device works through 3-4; the partial sum is added on the
+   compute stream. Offload never waits on the device, so its calls queue up ahead of it.
 
-Prefill: the design streams whole layers through two buffers (§5.5). This host-only build has no
-device memory to stream into, so offload and hybrid prefill run experts_op directly on the
-layer's host bank (exactly the fused path), and
-prefill never touches the residency state or the hit/miss counters (only `prefill_calls`).
+cpu: every routed expert on the CPU from the host pool (inline on a host-memory device: there is
+nothing to overlap with). fused: every expert resident on the device.
+
+Prefill: on a discrete device whole layers stream through the slot pool (prefill.py); the cpu
+backend borrows 2E slots for that (upstream does the same), unless the host pool is not pinned
+(then prefill runs on the CPU too). A host-memory device holds every expert already, so there
+prefill of every backend runs the experts op on the layer's host bank (streaming it through the
+slot pool would be pure copying) and leaves the residency state alone. Prefill counts only
+`prefill_calls`. Counters live in the device's residency state and are read only by stats().
 
 Shape legend: T tokens, H hidden, E experts, k routed, I expert width, S slots, L MoE layers.
 """
@@ -17,102 +34,177 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
-from freetoken.moe.executor import CpuExecutor, overflow_ids
+from freetoken.moe.cpu_branch import HANDOFF_MODE, make_cpu_branch
+from freetoken.moe.device import HostDevice
+from freetoken.moe.host_pool import HostPool, pin_host_pool
 from freetoken.moe.options import Log, cache_policy, cache_slots, choose_backend, prefill_as_decode
-from freetoken.moe.pool import Bank, SlotPool, check_banks
-from freetoken.moe.residency import COUNTERS, SlotCache
+from freetoken.moe.pool import Bank, check_banks
+from freetoken.moe.prefill import PrefillStreamer, overlap_ok
+from freetoken.moe.residency import COUNTERS
 from freetoken.moe.split import FetchPolicy
+
+CACHED = ("offload", "hybrid")
 
 
 class MoERuntime:
-    """Runs the routed experts of every MoE layer with one backend, chosen at build time."""
+    """Routed experts of every MoE layer on a device `dev` (moe/device.py), with one backend.
 
-    def __init__(self, backend: str, banks: list[Bank], experts_op, *, policy: FetchPolicy | None = None,
-                 num_slots: int = 0, cpu_threads: int = 0):
-        self.backend, self.banks, self._op, self.policy = backend, banks, experts_op, policy
-        L, E = len(banks), banks[0].num_experts
-        cached = backend in ("offload", "hybrid")
-        self.cache = SlotCache(L, E, num_slots) if cached else None
-        self.pool = SlotPool(num_slots, banks[0]) if cached else None
-        # The cpu backend has nothing to overlap with in this host-only runtime, so it calls the
-        # kernel inline: a hand-off to the executor thread measured 5-22% slower on 2 cores.
-        needs_cpu = backend == "hybrid" and policy.kind != "all"
-        self.executor = CpuExecutor(experts_op, cpu_threads) if needs_cpu else None
-        self._counters = self.cache.counters if cached else {c: np.zeros(L, np.int64) for c in COUNTERS}
+    host: the HostPool; experts_op: the device's `experts` op; cpu_op: the CPU one (the CPU
+    branch's). handoff: the CPU branch's mode on a discrete device (cpu_branch.HANDOFF_MODES)."""
+
+    def __init__(self, backend: str, host: HostPool, dev, experts_op, cpu_op, *,
+                 policy: FetchPolicy | None = None, num_slots: int = 0, cpu_threads: int = 0,
+                 disable_overlap: bool = False, handoff: str = HANDOFF_MODE, log=None):
+        self.backend, self.host, self.dev, self.policy = backend, host, dev, policy
+        self._op, self._log, self._disable_overlap = experts_op, log, disable_overlap   # raw sink
+        self.L, self.E = host.num_layers, host.banks[0].num_experts
+        self.cached = backend in CACHED
+        # On a host-memory device the host pool is device memory: every expert is resident there.
+        everywhere = backend == "fused" or dev.host_memory
+        self.resident = ([(dev.to_device(b.gate_up), dev.to_device(b.down)) for b in host.banks]
+                         if everywhere else None)
+        needs_cpu = backend == "cpu" or (backend == "hybrid" and policy.kind != "all")
+        self.branch = (make_cpu_branch(dev, cpu_op, cpu_threads, handoff, overlap=self.cached)
+                       if needs_cpu else None)
+        self._planned, self._filled = dev.event(), dev.event()
+        self._scratch: dict[tuple, tuple] = {}
         self.prefill_calls = 0
         self.prefill_decode_tokens = 0      # build_moe sets --moe-prefill-decode-tokens
+        self._allocate(num_slots)
 
-    def forward(self, j: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                prefill: bool = False) -> np.ndarray:
+    def _pool_slots(self, num_slots: int) -> int:
+        if self.cached:
+            return num_slots
+        streams = self.resident is None and (self.host.pinned or not self.dev.needs_pinning)
+        if self.backend == "cpu" and streams:
+            return (1 if self._disable_overlap else 2) * self.E   # prefill only
+        return 0
+
+    def _allocate(self, num_slots: int) -> None:
+        """Slot pool (zeroed: pitfall 4), residency state, prefill streamer for num_slots."""
+        S, xp, like = self._pool_slots(num_slots), self.dev.xp, self.host.banks[0]
+        self.num_slots = num_slots if self.cached else 0
+        self.res = self.dev.residency(self.L, self.E, max(S, 1))   # S = 0: counters only
+        self.pool, self.streamer = None, None
+        if S:
+            self.pool = (xp.zeros((S,) + like.gate_up.shape[1:], like.gate_up.dtype),
+                         xp.zeros((S,) + like.down.shape[1:], like.down.dtype))
+        if S and self.resident is None:
+            overlap = overlap_ok(S, self.E, self._disable_overlap, self._log)
+            self.streamer = PrefillStreamer(self.dev, self.res, self.pool, self.host, overlap)
+
+    def forward(self, j: int, x, ids, weights, prefill: bool = False):
         """MoE layer j: x f32[T,H], ids int32[T,k] (not modified), weights f32[T,k] -> f32[T,H]."""
-        if prefill and self.cache is not None and prefill_as_decode(
-                ids, np, self.prefill_decode_tokens, self.cache.S):
-            prefill = False
+        if prefill and self.cached and prefill_as_decode(
+                ids, self.dev.xp, self.prefill_decode_tokens, self.num_slots):
+            prefill = False            # a short chunk: through the expert cache, like decode
         if prefill:
-            self.prefill_calls += 1
-            return self._direct(j, x, ids, weights)
+            return self._prefill(j, x, ids, weights)
         if self.backend == "fused":
-            self._count_uncached(j, ids, "hits")
-            return self._direct(j, x, ids, weights)
+            self.res.count_routed(j, ids, ("hits",))
+            return self._experts(x, ids, weights, *self.resident[j])
         if self.backend == "cpu":
-            self._count_uncached(j, ids, "misses", "cpu_execs")
-            return self._direct(j, x, ids, weights)
+            self.res.count_routed(j, ids, ("misses", "cpu_execs"))
+            return self.branch.run_all(x, ids, weights, self.host.host(j))
         return self._decode_cached(j, x, ids, weights)
 
-    def _direct(self, j, x, ids, weights):
-        bank = self.banks[j]
-        return self._op(x, ids, weights, bank.gate_up, bank.down)
+    def _prefill(self, j: int, x, ids, weights):
+        self.prefill_calls += 1
+        if self.resident is not None:
+            return self._experts(x, ids, weights, *self.resident[j])
+        if self.streamer is None:                  # pageable host pool: all on the CPU
+            return self.branch.run_all(x, ids, weights, self.host.host(j))
+        return self.streamer.run(j, x, ids, weights, self._experts)
+
+    def _experts(self, x, ids, weights, gate_up, down):
+        """The experts op into a fresh f32[T,H] (GPU wrappers take a preallocated out)."""
+        out = self.dev.xp.empty((x.shape[0], x.shape[1]), np.float32)
+        return self._op(x, ids, weights, gate_up, down, out)
+
+    def _ids_scratch(self, shape) -> tuple:
+        if shape not in self._scratch:
+            xp = self.dev.xp
+            self._scratch[shape] = (xp.empty(shape, np.int32), xp.empty(shape, np.int32))
+        return self._scratch[shape]
 
     def _decode_cached(self, j, x, ids, weights):
-        """Residency step, then CPU overflow on the executor thread alongside the slot-pool op."""
-        slots = np.array(ids, dtype=np.int32, copy=True)
-        fills = self.cache.step(j, slots, self.policy)
-        cpu_ids = overflow_ids(ids, slots)
-        on_cpu = bool((cpu_ids >= 0).any())
-        bank = self.banks[j]
-        if on_cpu:                                   # first, so it overlaps the copy and the pool op
-            self.executor.submit(x, cpu_ids, weights, bank.gate_up, bank.down)
+        slots, cpu_ids = self._ids_scratch(tuple(ids.shape))
+        slots[...] = ids                               # the caller's ids stay as they were
+        self.res.step(j, slots, cpu_ids, self.policy)
+        self.dev.record(self._planned)                 # the fills wait for the step, not for staging
+        job = self.branch.start(x, cpu_ids, weights, self.host.host(j)) if self.branch else None
+        out = None
         try:
-            self.pool.fill(bank, fills)              # stands in for the host -> device copy
-            out = self._op(x, slots, weights, self.pool.gate_up, self.pool.down)
+            self._fill(j)
+            out = self._experts(x, slots, weights, self.pool[0], self.pool[1])
         finally:
-            partial = self.executor.wait() if on_cpu else None   # never leave a job in flight
-        if partial is not None:
-            out += partial
+            if job is not None:                        # never leave a CPU job in flight
+                self.branch.finish(job, out)
         return out
 
-    def _count_uncached(self, j: int, ids: np.ndarray, *names: str) -> None:
-        distinct = len(np.unique(ids))
-        for name in names:
-            self._counters[name][j] += distinct
+    def _fill(self, j: int) -> None:
+        """The last step's fill plan, host pool -> slots, on the copy stream after the residency
+        step (`_planned`); the compute stream waits for it (`_filled`)."""
+        dev = self.dev
+        dev.wait(self._planned, on_copy=True)
+        with dev.copy_stream():
+            self.res.fill(dev.host_views(self.host, j), self.pool)
+        dev.record(self._filled, on_copy=True)
+        dev.wait(self._filled)
 
     def stats(self) -> dict:
-        """Backend, slots, policy, per-layer and total counters (distinct experts per layer-step)."""
-        per_layer = [{c: int(self._counters[c][j]) for c in COUNTERS} for j in range(len(self.banks))]
-        total = {c: int(self._counters[c].sum()) for c in COUNTERS}
+        """Backend, slots, policy, per-layer and total counters (distinct experts per layer-step),
+        and device facts; reads the device counters (a sync)."""
+        counters = self.res.counters_host()
+        per_layer = [{c: int(counters[j, i]) for i, c in enumerate(COUNTERS)} for j in range(self.L)]
+        total = {c: int(counters[:, i].sum()) for i, c in enumerate(COUNTERS)}
         routed = total["hits"] + total["misses"]
         total["miss_rate"] = total["misses"] / routed if routed else 0.0
         return {
-            "backend": self.backend,
-            "slots": self.cache.S if self.cache else 0,
+            "backend": self.backend, "slots": self.num_slots,
             "policy": self.policy.describe() if self.policy else None,
-            "layers": per_layer,
-            "total": total,
-            "prefill_calls": self.prefill_calls,
+            "layers": per_layer, "total": total, "prefill_calls": self.prefill_calls,
+            "device": self.dev.name, "host_pinned": self.host.pinned,
+            "prefill_overlap": bool(self.streamer and self.streamer.overlap),
+            "prefill_loads": self.streamer.loads if self.streamer else 0,
+            "cpu_calls": self.branch.calls if self.branch else 0,
         }
 
     def reset(self) -> None:
-        """Cold residency (slot bytes untouched: no slot is read before it is filled) and zero counters."""
-        if self.cache is not None:
-            self.cache.reset()
-        for c in self._counters.values():
-            c.fill(0)
+        """Cold residency and zero counters; slot bytes untouched (no slot is read unfilled)."""
+        self.res.reset()
+        if self.streamer is not None:
+            self.streamer.reset()
+        self.prefill_calls = 0
+        if self.branch is not None:
+            self.branch.calls = 0
+
+    def rebuild(self, num_slots: int) -> None:
+        """New slot pool of num_slots at a safe point (no call in flight): the old pool is freed
+        first (the device may not hold both), the host pool is kept; cold cache, zero counters.
+        On failure the old size is allocated again and the error re-raised."""
+        if not self.cached:
+            raise ConfigError(f"the {self.backend} MoE backend has no expert cache to resize")
+        if num_slots < 1:
+            raise ConfigError(f"expert cache of {num_slots} slots: need at least one")
+        old = self.num_slots
+        self.pool = self.streamer = self.res = None
+        self._scratch.clear()
+        self.dev.free_cached()
+        try:
+            self._allocate(num_slots)
+        except Exception:
+            self.dev.free_cached()
+            self._allocate(old)
+            raise
         self.prefill_calls = 0
 
     def close(self) -> None:
-        """Join the executor thread; idempotent."""
-        if self.executor is not None:
-            self.executor.close()
+        """Join the CPU worker and drop device arrays; idempotent. The host pool stays (rebuilds
+        and new runtimes reuse it); HostPool.close() unpins it."""
+        if self.branch is not None:
+            self.branch.close()
+        self.pool = self.streamer = self.resident = None
 
     def __enter__(self) -> "MoERuntime":
         return self
@@ -122,25 +214,55 @@ class MoERuntime:
 
 
 def build_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_op, log=None, *,
-              profile_phi: float | None = None, gpu: bool = False) -> MoERuntime:
-    """Pick the backend, size the cache and the fetch policy, and build the runtime.
+              dev=None, backend: str | None = None, cpu_op=None, profile_phi: float | None = None,
+              handoff: str = HANDOFF_MODE) -> MoERuntime:
+    """Size the cache and the fetch policy, pin the host pool if the device reads it, and build.
 
-    banks: one (gate_up [E,2I,H], down [E,H,I]) per MoE layer, in cfg.moe_layers order.
-    experts_op: the `experts` op (contract signature). log: a Logger or a callable(msg).
-    profile_phi: phi from the bandwidth profile, if one was found. gpu: a device is in use.
-    """
-    log = Log(log)
-    banks = check_banks(banks, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
-    if len(banks) != len(cfg.moe_layers):
-        raise ConfigError(f"{len(banks)} expert banks for {len(cfg.moe_layers)} MoE layers")
-    ec = engine_config
-    backend = choose_backend(ec.moe_backend, log, gpu=gpu)
-    if backend in ("fused", "cpu"):
-        return MoERuntime(backend, banks, experts_op, cpu_threads=ec.moe_cpu_threads)
-    slots = cache_slots(len(banks), cfg.num_experts, cfg.num_experts_per_tok, ec, log)
-    policy = cache_policy(backend, ec, log, profile_phi)
-    log.info(f"moe {backend}: {slots} expert slots for {len(banks)} layers x {cfg.num_experts} experts")
-    moe = MoERuntime(backend, banks, experts_op, policy=policy, num_slots=slots,
-                     cpu_threads=ec.moe_cpu_threads)
+    banks: a HostPool (reused across rebuilds) or one (gate_up [E,2I,H], down [E,H,I]) per MoE
+    layer, in cfg.moe_layers order. experts_op: the device's `experts` op (contract signature).
+    log: a Logger or a callable(msg). dev: moe/device.py (default HostDevice). backend: already
+    decided (the CUDA engine resolves auto from the bandwidth profile, profile.decide_backend), or
+    None: --moe-backend, auto meaning cpu on a host-memory device. cpu_op: the CPU experts op;
+    default experts_op on a host-memory device (it runs on the CPU already, and on the ref backend
+    stays the numpy spec), else kernels.experts.cpu. profile_phi: phi of the bandwidth profile.
+    A pool that cannot be pinned for a device that needs it turns offload/hybrid into cpu (WARN)."""
+    sink, log, ec = log, Log(log), engine_config       # helpers get the raw sink (Log(Log) fails)
+    dev = dev if dev is not None else HostDevice()
+    backend = backend or choose_backend(ec.moe_backend, log, gpu=not dev.host_memory)
+    if cpu_op is None:
+        cpu_op = experts_op if dev.host_memory else _kernel_cpu_op()
+    host, raw = _host_banks(cfg, banks)
+    slots, policy = 0, None               # sized before pinning: a bad flag fails in a second
+    if backend in CACHED:
+        slots = cache_slots(len(raw), cfg.num_experts, cfg.num_experts_per_tok, ec, log)
+        policy = cache_policy(backend, ec, log, profile_phi)
+    if host is None:
+        pin = backend != "fused" and dev.needs_pinning
+        host = pin_host_pool(raw, sink) if pin else HostPool.pageable(raw)
+    if backend in CACHED and dev.needs_pinning and not host.pinned:
+        log.warn(f"moe {backend} needs a pinned host expert pool; falling back to --moe-backend cpu")
+        backend, slots, policy = "cpu", 0, None
+    where = f"moe {backend} on {dev.name}"
+    log.info(f"{where}: {slots} expert slots for {len(raw)} layers x {cfg.num_experts} experts"
+             if slots else where)
+    moe = MoERuntime(backend, host, dev, experts_op, cpu_op, policy=policy, num_slots=slots,
+                     cpu_threads=ec.moe_cpu_threads, handoff=handoff, log=sink,
+                     disable_overlap=ec.disable_moe_prefill_overlap)
     moe.prefill_decode_tokens = ec.moe_prefill_decode_tokens
     return moe
+
+
+def _host_banks(cfg: ModelConfig, banks) -> tuple[HostPool | None, list[Bank]]:
+    """(the HostPool if banks is one, the banks as checked Bank objects)."""
+    host = banks if isinstance(banks, HostPool) else None
+    raw = host.banks if host else [b if isinstance(b, Bank) else Bank(*b) for b in banks]
+    check_banks([(b.gate_up, b.down) for b in raw], cfg.num_experts, cfg.hidden_size,
+                cfg.moe_intermediate_size)
+    if len(raw) != len(cfg.moe_layers):
+        raise ConfigError(f"{len(raw)} expert banks for {len(cfg.moe_layers)} MoE layers")
+    return host, raw
+
+
+def _kernel_cpu_op():
+    from freetoken.kernels.experts import cpu
+    return cpu

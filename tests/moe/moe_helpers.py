@@ -6,7 +6,17 @@ import numpy as np
 
 from freetoken.config import EngineConfig, ModelConfig
 from freetoken.kernels._bf16 import from_f32, to_f32
+from freetoken.moe.device import HostDevice
 from freetoken.moe.runtime import build_moe
+
+
+class StagingHostDevice(HostDevice):
+    """The host device without its one capability (host_memory): the runtime then runs a discrete
+    device's orchestration on numpy arrays (staged CPU branch, prefill streamed through the slot
+    pool), so CI checks that code without a GPU."""
+
+    host_memory = False
+    name = "host-staging"
 
 
 def np_experts(x, ids, weights, gate_up, down, out=None):

@@ -48,7 +48,7 @@ def test_greedy_tokens_match_hf(name, run):
         moe = llm.stats()["moe"]
     finally:
         llm.core.close()
-    assert moe.get("device") == "cuda", "the cuda backend must use moe/gpu_runtime.py"
+    assert moe.get("device") == "cuda", "the cuda backend must run the MoE runtime over CudaDevice"
     assert moe["backend"] == RUNS[run]["moe_backend"]
     assert out.token_ids == exp["greedy_ids"].tolist()
     if run.startswith("hybrid-phi0.3"):
@@ -59,12 +59,13 @@ def test_greedy_tokens_match_hf(name, run):
 
 def build(backend, banks, host=None, **kw):
     from freetoken.kernels.experts import cpu as cpu_op
-    from freetoken.moe.gpu_runtime import build_gpu_moe
+    from freetoken.moe.device import CudaDevice
+    from freetoken.moe.runtime import build_moe
     opts = {k: v for k, v in kw.items() if k in EngineConfig.field_names()}
     extra = {k: v for k, v in kw.items() if k not in opts}
-    rt = build_gpu_moe(model_config(), host if host is not None else banks,
-                       engine(moe_backend=backend, **opts), gpu_experts(), None, backend=backend,
-                       cpu_op=cpu_op, **extra)
+    rt = build_moe(model_config(), host if host is not None else banks,
+                   engine(moe_backend=backend, **opts), gpu_experts(), None, backend=backend,
+                   dev=CudaDevice(), cpu_op=cpu_op, **extra)
     return rt
 
 
@@ -128,9 +129,9 @@ def test_prefill_overlap_gives_the_same_outputs(pinned):
         assert on.streamer.loads == len(calls)
     from freetoken.kernels.experts import cpu as cpu_op
     from freetoken.moe.device import CudaDevice
-    from freetoken.moe.gpu_runtime import GpuMoERuntime
+    from freetoken.moe.runtime import MoERuntime
     from freetoken.moe.split import FetchPolicy
-    with GpuMoERuntime("offload", host, CudaDevice(), gpu_experts(), cpu_op, num_slots=20,
+    with MoERuntime("offload", host, CudaDevice(), gpu_experts(), cpu_op, num_slots=20,
                        policy=FetchPolicy.fetch_all(), disable_overlap=True) as off:
         assert not off.streamer.overlap
         got_off = run(off, calls)

@@ -1,16 +1,16 @@
-"""The device MoE runtime (gpu_runtime.py) on the host stand-in device: the same orchestration code
-the GPU runs (residency, fill plan, CPU branch, prefill buffers, rebuild), checked in CI against
-the host runtime (runtime.py) and the fused backend."""
+"""The MoE runtime's discrete-device orchestration (the one CudaDevice gets: staged CPU branch,
+prefill streamed through the slot pool, fill plan on the copy stream, rebuild) on numpy arrays,
+through StagingHostDevice (moe_helpers), checked in CI against the runtime on the host device
+(which reads the host bank in place) and the fused backend."""
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, K, L, engine, model_config, np_experts, random_banks, random_routing, run
+from moe_helpers import E, H, I, K, L, StagingHostDevice, engine, model_config, np_experts, random_banks, run
 from moe_helpers import workload as _workload
 
 from freetoken.moe.cpu_branch import measure_handoff
 from freetoken.moe.device import HostDevice
-from freetoken.moe.gpu_runtime import GpuMoERuntime, build_gpu_moe
 from freetoken.moe.host_pool import HostPool
-from freetoken.moe.runtime import build_moe
+from freetoken.moe.runtime import MoERuntime, build_moe
 from freetoken.moe.split import FetchPolicy
 
 
@@ -31,15 +31,11 @@ VARIANTS = {
 }
 
 
-
-
 def build(name, banks, logs=None, **kw):
     backend, opts = VARIANTS[name]
     sink = logs.append if logs is not None else (lambda m: None)
-    return build_gpu_moe(model_config(), banks, engine(moe_backend=backend, **opts), np_experts,
-                         sink, backend=backend, dev=HostDevice(), cpu_op=np_experts, **kw)
-
-
+    return build_moe(model_config(), banks, engine(moe_backend=backend, **opts), np_experts,
+                     sink, backend=backend, dev=StagingHostDevice(), cpu_op=np_experts, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +64,7 @@ def test_matches_fused(setup, name, handoff):
 
 @pytest.mark.parametrize("name", ["offload-mid", "hybrid-phi0.3", "hybrid-cap1"])
 def test_decode_counters_match_host_runtime(setup, name):
-    """Without prefill, the device runtime's residency is the spec's: same counters."""
+    """Without prefill, staged and in place give the same counters (the residency is the spec's)."""
     banks, calls, _ = setup
     decode = [c for c in calls if not c[4]]
     backend, opts = VARIANTS[name]
@@ -113,7 +109,7 @@ def test_disabled_overlap_and_small_cache_are_logged(setup):
     with build("offload-big", banks, logs) as rt:
         assert rt.streamer.overlap and not any("WARN" in m for m in logs)
     host = HostPool.pageable(banks)
-    with GpuMoERuntime("offload", host, HostDevice(), np_experts, np_experts,
+    with MoERuntime("offload", host, StagingHostDevice(), np_experts, np_experts,
                        policy=FetchPolicy.fetch_all(), num_slots=20, disable_overlap=True,
                        log=logs.append) as rt:
         assert not rt.streamer.overlap
@@ -142,11 +138,11 @@ def test_unpinned_pool_falls_back_to_cpu(setup):
     """A device that needs pinned memory, and pinning fails (no GPU here): WARN and the cpu backend."""
     banks, calls, want = setup
 
-    class NeedsPinning(HostDevice):
+    class NeedsPinning(StagingHostDevice):
         needs_pinning = True
 
     logs = []
-    rt = build_gpu_moe(model_config(), banks, engine(moe_backend="hybrid", moe_cache_size=6), np_experts,
+    rt = build_moe(model_config(), banks, engine(moe_backend="hybrid", moe_cache_size=6), np_experts,
                        logs.append, backend="hybrid", dev=NeedsPinning(), cpu_op=np_experts)
     with rt:
         assert rt.backend == "cpu" and not rt.host.pinned and rt.streamer is None
@@ -159,10 +155,10 @@ def test_unpinned_pool_falls_back_to_cpu(setup):
 def test_config_errors_come_before_pinning(setup):
     banks, _, _ = setup
     with pytest.raises(ValueError, match="too small"):
-        build_gpu_moe(model_config(), banks, engine(moe_backend="offload", moe_cache_size=1), np_experts,
-                      backend="offload", dev=HostDevice())
+        build_moe(model_config(), banks, engine(moe_backend="offload", moe_cache_size=1), np_experts,
+                  backend="offload", dev=StagingHostDevice())
     with pytest.raises(ValueError, match="expert banks"):
-        build_gpu_moe(model_config(), banks[:2], engine(), np_experts, backend="cpu", dev=HostDevice())
+        build_moe(model_config(), banks[:2], engine(), np_experts, backend="cpu", dev=StagingHostDevice())
 
 
 def test_measure_handoff_on_host():
@@ -181,10 +177,10 @@ def test_measure_handoff_on_host():
     dict(moe_backend="hybrid", moe_cache_size=40, moe_fetch_fraction=0.3),
     dict(moe_backend="cpu"),
 ], ids=lambda o: "-".join(str(v) for v in o.values()))
-def test_engine_with_the_device_runtime_gives_the_same_text(monkeypatch, options):
-    """The demo model through EngineCore with _make_moe swapped for the device runtime on the host
-    device (how engine/core.py is meant to wire it for the cuda backend): same greedy tokens as the
-    host runtime's cpu backend, and the runtime saw prefill and decode calls."""
+def test_engine_with_the_staged_runtime_gives_the_same_text(monkeypatch, options):
+    """The demo model through EngineCore with _make_moe swapped for the runtime on the staging host
+    device (the orchestration the cuda backend gets): same greedy tokens as the cpu backend on the
+    host device, and the runtime saw prefill and decode calls."""
     from freetoken.engine.core import EngineCore
     from freetoken.engine.llm import LLM
     from freetoken.engine.request import SamplingParams
@@ -193,8 +189,8 @@ def test_engine_with_the_device_runtime_gives_the_same_text(monkeypatch, options
     def make_device_moe(core):
         cfg = core.model_config
         banks = [(core.weights.layers[i].gate_up, core.weights.layers[i].down) for i in cfg.moe_layers]
-        return build_gpu_moe(cfg, banks, core.config, core.ops.experts, None,
-                             backend=core.config.moe_backend, dev=HostDevice(), cpu_op=cpu_experts)
+        return build_moe(cfg, banks, core.config, core.ops.experts, None,
+                         backend=core.config.moe_backend, dev=StagingHostDevice(), cpu_op=cpu_experts)
 
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     prompt = list(range(5, 40))
@@ -204,7 +200,7 @@ def test_engine_with_the_device_runtime_gives_the_same_text(monkeypatch, options
     monkeypatch.setattr(EngineCore, "_make_moe", make_device_moe)
     llm = LLM(backend="cpu", enable_prefix_cache=False, **options)
     try:
-        assert isinstance(llm.core.moe, GpuMoERuntime)
+        assert llm.core.moe.dev.name == StagingHostDevice.name
         assert llm.generate(prompt, params)[0].token_ids == want
         stats = llm.stats()["moe"]
         assert stats["prefill_calls"] > 0 and stats["total"]["hits"] + stats["total"]["misses"] > 0

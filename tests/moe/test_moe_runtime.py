@@ -1,9 +1,11 @@
-"""build_moe / MoERuntime: every backend computes the same layer outputs; sizing and policy rules."""
+"""build_moe / MoERuntime on the host device (the CPU engine's): every backend computes the same layer
+outputs; sizing and policy rules; the host specialisations (prefill and fused read the host bank in
+place, the cpu backend runs inline, hybrid overlaps the CPU overflow on the executor thread)."""
 import threading
 
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, K, L, build, engine, model_config, np_experts, random_banks, random_routing, run, workload
+from moe_helpers import E, H, I, L, build, engine, model_config, np_experts, random_banks, run, workload
 
 from freetoken.config import ConfigError
 from freetoken.moe.runtime import build_moe
@@ -17,10 +19,6 @@ VARIANTS = {
     "hybrid-cap2": dict(moe_cache_size=7, moe_hybrid_max_fetch=2),
     "hybrid-phi0.3-minfill": dict(moe_cache_size=5, moe_fetch_fraction=0.3, moe_min_fill=1),
 }
-
-
-
-
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +73,14 @@ def test_offload_fills_every_miss_and_prefill_leaves_residency_alone(setup):
     with build("offload", banks, moe_cache_size=5) as rt:
         j, x, ids, w, _ = calls[0]
         rt.forward(j, x, ids, w, prefill=True)
-        assert rt.cache.clock == 0 and rt.stats()["prefill_calls"] == 1
+        assert rt.res.snapshot()["clock"] == 0 and rt.stats()["prefill_calls"] == 1
         run(rt, calls[L:])
         s = rt.stats()
         assert s["total"]["fills"] == s["total"]["misses"] and s["total"]["cpu_execs"] == 0
         assert len(s["layers"]) == L and s["slots"] == 5
         assert sum(layer["hits"] for layer in s["layers"]) == s["total"]["hits"]
         rt.reset()
-        assert rt.cache.clock == 0 and rt.stats()["total"]["misses"] == 0
+        assert rt.res.snapshot()["clock"] == 0 and rt.stats()["total"]["misses"] == 0
 
 
 def test_cache_sizing_rules():
@@ -93,18 +91,18 @@ def test_cache_sizing_rules():
     with pytest.raises(ConfigError, match=too_small):
         build("offload", banks, moe_cache_size=3)
     with build("offload", banks, moe_cache_rate=0.25) as rt:
-        assert rt.cache.S == 6                              # ceil(0.25 * 24)
+        assert rt.num_slots == 6                              # ceil(0.25 * 24)
     with build("offload", banks) as rt:
-        assert rt.cache.S == 6                              # default 25% of L*E
+        assert rt.num_slots == 6                              # default 25% of L*E
     with build("offload", banks, moe_cache_size=1000) as rt:
-        assert rt.cache.S == L * E
+        assert rt.num_slots == L * E
 
 
 def test_rate_rounding_is_not_fooled_by_floats():
     cfg = model_config(layers=10, experts=10)
     banks = random_banks(np.random.default_rng(0), 10, 10, H, I)
     rt = build_moe(cfg, banks, engine(moe_backend="offload", moe_cache_rate=0.1), np_experts, print)
-    assert rt.cache.S == 10                                 # 0.1 * 100 in floats is 10.000000000000002
+    assert rt.num_slots == 10                                 # 0.1 * 100 in floats is 10.000000000000002
 
 
 def test_auto_and_fallback_are_logged():
@@ -167,3 +165,49 @@ def test_short_prefill_runs_through_the_cache_like_decode():
         long_x = np.repeat(x, 2, axis=0)
         rt.forward(0, long_x, np.repeat(ids, 2, axis=0), np.repeat(w, 2, axis=0), prefill=True)
         assert rt.stats()["prefill_calls"] == 1
+
+
+def recording_op(seen):
+    """np_experts that records (thread id, whether it read a layer's host bank in place) per call."""
+    def op(x, ids, weights, gate_up, down, out=None):
+        seen.append((threading.get_ident(), gate_up.shape[0] == E and not gate_up.flags.owndata))
+        return np_experts(x, ids, weights, gate_up, down, out)
+    return op
+
+
+def test_host_specialisations(setup):
+    """cpu: the kernel inline on the caller's thread, no executor thread. hybrid: the CPU overflow on
+    the executor thread. Prefill of every backend: the layer's host bank, in place (no streaming)."""
+    banks, calls, want = setup
+    views = [(gu[:], dn[:]) for gu, dn in banks]        # views: a copy would own its data
+    me = threading.get_ident()
+    for name, opts in (("cpu", {}), ("hybrid", VARIANTS["hybrid-phi0.3"]), ("offload", VARIANTS["offload"])):
+        seen, before = [], threading.active_count()
+        ec = engine(moe_backend=name, **opts)
+        with build_moe(model_config(), views, ec, recording_op(seen), lambda m: None) as rt:
+            got = run(rt, calls)
+            assert rt.streamer is None and rt.stats()["prefill_overlap"] is False
+            if name == "cpu":
+                assert threading.active_count() == before and rt.pool is None
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        prefill_calls = sum(c[4] for c in calls)
+        assert sum(in_place for _, in_place in seen) >= prefill_calls
+        threads = {t for t, _ in seen}
+        if name == "hybrid":
+            assert me in threads and len(threads) == 2, "the overflow runs on the executor thread"
+        else:
+            assert threads == {me}
+
+
+def test_rebuild_on_host(setup):
+    banks, calls, want = setup
+    with build("hybrid", banks, **VARIANTS["hybrid-phi0.3"]) as rt:
+        run(rt, calls[:9])
+        rt.rebuild(20)
+        assert rt.num_slots == 20 and rt.pool[0].shape[0] == 20
+        assert rt.stats()["total"]["hits"] == 0 and rt.stats()["prefill_calls"] == 0
+        for a, b in zip(run(rt, calls), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with build("fused", banks) as rt, pytest.raises(ConfigError, match="no expert cache"):
+        rt.rebuild(10)

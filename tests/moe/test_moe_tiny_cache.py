@@ -9,11 +9,10 @@ import sys
 
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, K, L, engine, model_config, np_experts, random_banks, run, workload
+from moe_helpers import (E, H, I, K, L, StagingHostDevice, engine, model_config, np_experts, random_banks,
+                         run, workload)
 
 from freetoken.config import ConfigError
-from freetoken.moe.device import HostDevice
-from freetoken.moe.gpu_runtime import build_gpu_moe
 from freetoken.moe.options import Log, cache_plan, cache_slots, step_need
 from freetoken.moe.runtime import build_moe
 
@@ -86,11 +85,12 @@ def test_host_runtime_matches_fused(setup, slots, policy):
 @pytest.mark.parametrize("slots", [1, 2, 3])
 @pytest.mark.parametrize("policy", ["phi0.3", "cap5-minfill"])
 def test_device_runtime_on_host_matches_fused(setup, slots, policy):
-    """gpu_runtime.py's orchestration (residency, fill plan, CPU branch, prefill in groups of S)."""
+    """The discrete-device orchestration (residency, fill plan, staged CPU branch, prefill in
+    groups of S) on host arrays (StagingHostDevice)."""
     banks, calls, want = setup
     ec = engine(moe_backend="hybrid", moe_cache_size=slots, **POLICIES[policy])
-    with build_gpu_moe(model_config(), banks, ec, np_experts, lambda m: None, backend="hybrid",
-                       dev=HostDevice(), cpu_op=np_experts) as rt:
+    with build_moe(model_config(), banks, ec, np_experts, lambda m: None, backend="hybrid",
+                   dev=StagingHostDevice(), cpu_op=np_experts) as rt:
         check(rt, calls, want, slots)
 
 
@@ -120,6 +120,7 @@ def test_cuda_runtime_matches_fused(slots):
     from freetoken.cupy_loader import cupy as load_cupy
     from freetoken.kernels.experts import cpu as cpu_op
     from freetoken.kernels.experts import gpu as gpu_op
+    from freetoken.moe.device import CudaDevice
     from freetoken.moe.host_pool import pin_host_pool
     cp = load_cupy()
     rng = np.random.default_rng(31)
@@ -129,8 +130,8 @@ def test_cuda_runtime_matches_fused(slots):
     with pin_host_pool(banks) as host:                  # pinned once, unpinned at the end
         assert host.pinned
         for backend, opts in (("fused", {}), ("hybrid", dict(moe_cache_size=slots, moe_fetch_fraction=0.5))):
-            with build_gpu_moe(model_config(), host, engine(moe_backend=backend, **opts), gpu_op, None,
-                               backend=backend, cpu_op=cpu_op) as rt:
+            with build_moe(model_config(), host, engine(moe_backend=backend, **opts), gpu_op, None,
+                           backend=backend, dev=CudaDevice(), cpu_op=cpu_op) as rt:
                 outs[backend] = [rt.forward(j, cp.asarray(x), cp.asarray(ids), cp.asarray(w),
                                             prefill=p).get() for j, x, ids, w, p in calls]
                 stats = rt.stats()
