@@ -37,7 +37,7 @@ from freetoken.config import ConfigError, EngineConfig, ModelConfig
 from freetoken.moe.cpu_branch import HANDOFF_MODE, make_cpu_branch
 from freetoken.moe.device import HostDevice
 from freetoken.moe.host_pool import HostPool, pin_host_pool
-from freetoken.moe.options import Log, cache_policy, cache_slots, choose_backend, prefill_as_decode
+from freetoken.moe.options import Log, cache_plan, choose_backend, prefill_as_decode
 from freetoken.moe.pool import Bank, check_banks
 from freetoken.moe.prefill import PrefillStreamer, overlap_ok
 from freetoken.moe.residency import COUNTERS
@@ -225,7 +225,8 @@ def build_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_op, 
     None: --moe-backend, auto meaning cpu on a host-memory device. cpu_op: the CPU experts op;
     default experts_op on a host-memory device (it runs on the CPU already, and on the ref backend
     stays the numpy spec), else kernels.experts.cpu. profile_phi: phi of the bandwidth profile.
-    A pool that cannot be pinned for a device that needs it turns offload/hybrid into cpu (WARN)."""
+    Offload with a cache below one decode step's need runs as hybrid (options.cache_plan, WARN); a
+    pool that cannot be pinned for a device that needs it turns offload/hybrid into cpu (WARN)."""
     sink, log, ec = log, Log(log), engine_config       # helpers get the raw sink (Log(Log) fails)
     dev = dev if dev is not None else HostDevice()
     backend = backend or choose_backend(ec.moe_backend, log, gpu=not dev.host_memory)
@@ -233,9 +234,9 @@ def build_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_op, 
         cpu_op = experts_op if dev.host_memory else _kernel_cpu_op()
     host, raw = _host_banks(cfg, banks)
     slots, policy = 0, None               # sized before pinning: a bad flag fails in a second
-    if backend in CACHED:
-        slots = cache_slots(len(raw), cfg.num_experts, cfg.num_experts_per_tok, ec, log)
-        policy = cache_policy(backend, ec, log, profile_phi)
+    if backend in CACHED:                 # offload below one step's need becomes hybrid (WARN)
+        backend, slots, policy = cache_plan(backend, len(raw), cfg.num_experts,
+                                            cfg.num_experts_per_tok, ec, log, profile_phi)
     if host is None:
         pin = backend != "fused" and dev.needs_pinning
         host = pin_host_pool(raw, sink) if pin else HostPool.pageable(raw)

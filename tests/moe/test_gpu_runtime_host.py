@@ -154,8 +154,9 @@ def test_unpinned_pool_falls_back_to_cpu(setup):
 
 def test_config_errors_come_before_pinning(setup):
     banks, _, _ = setup
-    with pytest.raises(ValueError, match="too small"):
-        build_moe(model_config(), banks, engine(moe_backend="offload", moe_cache_size=1), np_experts,
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        build_moe(model_config(), banks, engine(moe_backend="offload", moe_cache_size=8,
+                                                moe_cache_rate=0.5), np_experts,
                   backend="offload", dev=StagingHostDevice())
     with pytest.raises(ValueError, match="expert banks"):
         build_moe(model_config(), banks[:2], engine(), np_experts, backend="cpu", dev=StagingHostDevice())
