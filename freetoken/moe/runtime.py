@@ -59,10 +59,7 @@ class MoERuntime:
         self._op, self._log, self._disable_overlap = experts_op, log, disable_overlap   # raw sink
         self.L, self.E = host.num_layers, host.banks[0].num_experts
         self.cached = backend in CACHED
-        # On a host-memory device the host pool is device memory: every expert is resident there.
-        everywhere = backend == "fused" or dev.host_memory
-        self.resident = ([(dev.to_device(b.gate_up), dev.to_device(b.down)) for b in host.banks]
-                         if everywhere else None)
+        self.resident = _resident(backend, host, dev)
         needs_cpu = backend == "cpu" or (backend == "hybrid" and policy.kind != "all")
         self.branch = (make_cpu_branch(dev, cpu_op, cpu_threads, handoff, overlap=self.cached)
                        if needs_cpu else None)
@@ -251,6 +248,17 @@ def build_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_op, 
                      disable_overlap=ec.disable_moe_prefill_overlap)
     moe.prefill_decode_tokens = ec.moe_prefill_decode_tokens
     return moe
+
+
+def _resident(backend: str, host: HostPool, dev) -> list[tuple] | None:
+    """Per layer (gate_up, down) of every expert on the device, or None. On a host-memory device
+    the host pool is device memory: every backend has every expert resident, in place (a copy
+    would double the experts' memory)."""
+    if dev.host_memory:
+        return [host.host(j) for j in range(host.num_layers)]
+    if backend == "fused":
+        return [(dev.to_device(b.gate_up), dev.to_device(b.down)) for b in host.banks]
+    return None
 
 
 def _host_banks(cfg: ModelConfig, banks) -> tuple[HostPool | None, list[Bank]]:
