@@ -1,0 +1,258 @@
+"""POST /v1/responses: the OpenAI Responses API, as JSON or as the typed SSE event stream.
+
+The request becomes the neutral conversation (responses_items.py), runs through the shared
+generation layer, and its events become output items (responses_output.py). Stored responses
+(`store` defaults to true) keep their conversation in a bounded in-memory LRU, so that
+`previous_response_id` can continue them.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from freetoken.engine.request import SamplingParams
+from freetoken.log import logger
+from freetoken.server import sse
+from freetoken.server.errors import APIError
+from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
+from freetoken.server.messages import Conversation
+from freetoken.server.protocol import Body, sampling, template_kwargs
+from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
+                                              tool_choice, with_instructions)
+from freetoken.server.responses_output import Output, usage
+from freetoken.server.state import new_id, read_json
+
+# accepted and ignored: accounting, caching and placement hints for OpenAI's own service
+IGNORED_FIELDS = {"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+                  "service_tier", "client_metadata", "moderation", "metadata", "max_tool_calls", "include"}
+# known, but only at the value that changes nothing
+REFUSED = {"background": ((False,), "is not supported: a response runs within its request"),
+           "conversation": ((), "is not supported; continue with previous_response_id"),
+           "prompt": ((), "(prompt templates) is not supported"),
+           "truncation": (("disabled",), "other than 'disabled' is not supported: prompts are never truncated"),
+           "top_logprobs": ((0,), "is not supported"),
+           "image": ((), "is not supported"), "access_programs": ((), "is not supported"),
+           "background_options": ((), "is not supported"), "context_management": ((), "is not supported")}
+FIELDS = IGNORED_FIELDS | set(REFUSED) | {
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+    "temperature", "top_p", "text", "reasoning", "store", "stream", "stream_options", "previous_response_id",
+    "top_k", "min_p", "seed", "ignore_eos", "chat_template_kwargs"}          # the last five: extensions
+# no-ops here: reasoning travels as plain reasoning_text content, and no hosted tool ever runs
+INCLUDE = {"reasoning.encrypted_content", "message.input_image.image_url", "computer_call_output.output.image_url",
+           "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+           "code_interpreter_call.outputs"}
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+SUMMARIES = ("auto", "concise", "detailed")
+
+
+@dataclass
+class _Plan:
+    rid: str
+    head: dict                   # the response fields that echo the request
+    history: list[dict]          # the conversation so far without instructions: what a stored response keeps
+    conv: Conversation
+    params: SamplingParams
+    kwargs: dict
+    stream: bool
+    store: bool
+    warning: str | None          # said in a response header and the log
+
+
+async def responses(request: Request) -> Response:
+    state = request.app.state.server
+    body = Body(await read_json(request, state.config.max_body_bytes))
+    body.only(FIELDS)
+    store = _store(request)
+    plan = _plan(body, state, store, new_id("resp_"))
+    spec = await chat_spec(state, plan.conv, plan.params, plan.kwargs)
+    run = _Run(plan, Generation(state, spec, "/v1/responses", plan.rid), store, state.ready_engine().tokenizer)
+    if plan.stream:
+        response = sse.response(run.frames())
+    else:
+        result = await cancel_on_disconnect(request, run.collect())
+        if result is None:
+            return Response(status_code=499)
+        response = JSONResponse(result)
+    if plan.warning:
+        response.headers["x-freetoken-warning"] = plan.warning
+    return response
+
+
+def _store(request: Request) -> ResponseStore:
+    """One store per app (tests run several servers in one process)."""
+    store = getattr(request.app.state, "responses", None)
+    if store is None:
+        store = request.app.state.responses = ResponseStore()
+    return store
+
+
+def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
+    model = body.str("model", nonempty=True)
+    state.check_model(model)
+    _check_fields(body)
+    kwargs = template_kwargs(body)
+    reasoning = _reasoning(body, kwargs)
+    text, note, warning = _text_format(body, rid)
+    tools, tools_echo = function_tools(body, rid)
+    choice = tool_choice(body, tools)
+    history = _history(body, store)
+    instructions = body.str("instructions", None)
+    system = "\n\n".join(s for s in (instructions, note) if s)
+    params = sampling(body, state.limits(), max_tokens=body.int("max_output_tokens", None, lo=1), stop=(),
+                      temperature_max=2.0)
+    stored = body.bool("store", True)
+    head = {"id": rid, "object": "response", "created_at": int(time.time()), "model": model,
+            "instructions": instructions, "max_output_tokens": body.data.get("max_output_tokens"),
+            "max_tool_calls": body.data.get("max_tool_calls"), "metadata": body.data.get("metadata") or {},
+            "parallel_tool_calls": body.bool("parallel_tool_calls", True),
+            "previous_response_id": body.data.get("previous_response_id"), "reasoning": reasoning,
+            "store": stored, "temperature": params.temperature, "text": text,
+            "tool_choice": body.data.get("tool_choice") or "auto", "tools": tools_echo, "top_p": params.top_p,
+            "truncation": "disabled", "background": False, "service_tier": "default", "top_logprobs": 0,
+            "user": body.data.get("user"), "prompt_cache_key": body.data.get("prompt_cache_key"),
+            "safety_identifier": body.data.get("safety_identifier")}
+    return _Plan(rid, head, history, Conversation(with_instructions(system, history), tools, choice), params,
+                 kwargs, _stream(body), stored, warning)
+
+
+def _check_fields(body: Body) -> None:
+    for key, (defaults, why) in REFUSED.items():
+        body.default_only(key, defaults, why)
+    for key in ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier"):
+        body.str(key, None)
+    for key in ("metadata", "client_metadata", "prompt_cache_options"):
+        body.obj(key, None)
+    body.int("max_tool_calls", None, lo=0)
+    for i, value in enumerate(body.list("include", None) or ()):
+        if value not in INCLUDE:
+            why = "(logprobs) is not supported" if value == "message.output_text.logprobs" else "is not a known value"
+            raise APIError(400, f"include[{i}] {why}", param=f"include[{i}]")
+
+
+def _stream(body: Body) -> bool:
+    stream = body.bool("stream", False)
+    options = body.obj("stream_options", None)
+    if options is not None:
+        options.only({"include_obfuscation"})
+        options.bool("include_obfuscation", None)
+    return stream
+
+
+def _reasoning(body: Body, kwargs: dict) -> dict:
+    """effort none renders the prompt with enable_thinking=false; no summaries are generated."""
+    if not body.has("reasoning"):
+        return {"effort": None, "summary": None}
+    r = body.obj("reasoning")
+    r.only({"effort", "summary", "generate_summary", "context", "mode"})
+    effort = r.str("effort", None, choices=EFFORTS)
+    summary = r.str("summary", None, choices=SUMMARIES) or r.str("generate_summary", None, choices=SUMMARIES)
+    r.str("context", None, choices=("auto", "current_turn", "all_turns"))
+    r.str("mode", None)
+    if effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+    return {"effort": effort, "summary": summary}
+
+
+def _text_format(body: Body, rid: str) -> tuple[dict, str | None, str | None]:
+    """(the `text` to echo, a note for the instructions and a warning when JSON was asked for).
+
+    JSON formats are accepted but not enforced (no constrained decoding yet): the schema goes into
+    the instructions, and the response header `x-freetoken-warning` and the log say so.
+    """
+    text = body.obj("text", None) or Body({}, "text")
+    text.only({"format", "verbosity"})
+    verbosity = text.str("verbosity", None, choices=("low", "medium", "high"))
+    fmt = text.obj("format", None) or Body({"type": "text"}, "text.format")
+    kind = fmt.str("type", choices=("text", "json_object", "json_schema"))
+    if kind == "text":
+        return {"format": {"type": "text"}, "verbosity": verbosity}, None, None
+    echo = {"type": kind}
+    note = "Answer with a single JSON object and nothing else."
+    if kind == "json_schema":
+        fmt.only({"type", "name", "schema", "description", "strict"})
+        echo.update(name=fmt.str("name", nonempty=True, max_len=64), schema=fmt.obj("schema").data,
+                    description=fmt.str("description", None), strict=fmt.bool("strict", None))
+        note = (f"Answer with a single JSON value that matches the JSON schema {echo['name']!r}, and nothing "
+                f"else:\n{json.dumps(echo['schema'], ensure_ascii=False)}")
+    warning = f"text.format {kind} is not enforced (no constrained decoding yet); it was added to the instructions"
+    logger.warning("%s: %s", rid, warning)
+    return {"format": echo, "verbosity": verbosity}, note, warning
+
+
+def _history(body: Body, store: ResponseStore) -> list[dict]:
+    """The stored conversation of previous_response_id, then this request's input."""
+    previous: list[dict] = []
+    prev_id = body.str("previous_response_id", None)
+    if prev_id is not None:
+        previous = store.get(prev_id)
+        if previous is None:
+            raise APIError(400, f"previous response {prev_id!r} was not found: it was made with store: false, or "
+                                f"this server restarted or forgot it (it keeps the last {store.capacity})",
+                           param="previous_response_id", code="previous_response_not_found")
+    return previous + input_messages(body)
+
+
+class _Run:
+    """One response: its output items as generation events arrive, the final object, its storing."""
+
+    def __init__(self, plan: _Plan, gen: Generation, store: ResponseStore, tokenizer):
+        self.plan, self.gen, self.store, self.tokenizer = plan, gen, store, tokenizer
+        self.out = Output()
+
+    def response(self, status: str, output: list, **fields) -> dict:
+        return {**self.plan.head, "status": status, "error": None, "incomplete_details": None, "usage": None,
+                "completed_at": int(time.time()) if status == "completed" else None, "output": output, **fields}
+
+    def finish(self, done: Done) -> tuple[list, dict]:
+        """The closing stream events and the final response; a stored one is remembered."""
+        events = self.out.finish(done.finish_reason)
+        reasoning = self.out.reasoning_text()
+        counted = usage(done.usage, len(self.tokenizer.encode(reasoning)) if reasoning else 0)
+        if done.finish_reason == "length":
+            final = self.response("incomplete", self.out.items, usage=counted,
+                                  incomplete_details={"reason": "max_output_tokens"})
+        else:
+            final = self.response("completed", self.out.items, usage=counted)
+        if self.plan.store:
+            self.store.put(self.plan.rid, self.plan.history + items_messages(self.out.items, "output"))
+        return events, final
+
+    def failed(self, e: GenerationError) -> dict:
+        self.out.close("incomplete")
+        error = {"code": "invalid_prompt" if e.invalid else "server_error", "message": str(e)}
+        return self.response("failed", self.out.items, error=error)
+
+    async def collect(self) -> dict:
+        try:
+            async for ev in self.gen.events():
+                if isinstance(ev, Done):
+                    return self.finish(ev)[1]
+                self.out.feed(ev)
+        except GenerationError as e:
+            raise APIError(400 if e.invalid else 500, str(e)) from None
+        raise APIError(500, "the generation ended without finishing")
+
+    async def frames(self):
+        seq = itertools.count()
+
+        def frame(kind: str, payload: dict) -> str:
+            return sse.event(kind, {"type": kind, "sequence_number": next(seq), **payload})
+        yield frame("response.created", {"response": self.response("in_progress", [])})
+        yield frame("response.in_progress", {"response": self.response("in_progress", [])})
+        try:
+            async for ev in self.gen.events():
+                if isinstance(ev, Ping):
+                    yield sse.OPENAI_PING
+                    continue
+                events, final = self.finish(ev) if isinstance(ev, Done) else (self.out.feed(ev), None)
+                for kind, payload in events:
+                    yield frame(kind, payload)
+                if final is not None:
+                    yield frame(f"response.{final['status']}", {"response": final})
+        except GenerationError as e:
+            yield frame("response.failed", {"response": self.failed(e)})
