@@ -125,7 +125,8 @@ class EngineConfig:
                          ("auto", "ref", "cpu", "cuda"))
     max_running_requests: int = _flag(4, "most requests decoding at once")
     num_kv_tokens: int = _flag(0, "KV pool size in tokens (0: sized from the context length and running requests)")
-    max_model_len: int = _flag(0, "context length cap in tokens (0: the model's max_position_embeddings)")
+    max_model_len: int = _flag(0, "context length in tokens (0: the model's max_position_embeddings; "
+                                  "beyond it runs, with a warning)")
     kv_dtype: str = _flag("auto", "KV cache dtype: auto is float32 for fp32 checkpoints, else bfloat16",
                           ("auto", "bfloat16", "float32"))
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from freetoken.config import EngineConfig
+from freetoken.engine.gpu_budget import context_len
 from freetoken.engine.kv_pool import KVPool
 from freetoken.engine.radix import RadixCache
 from freetoken.engine.request import Request, SamplingParams, Status
@@ -44,8 +45,12 @@ class EngineCore:
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
         self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
-        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
+        self.max_model_len = context_len(cfg, config)
+        if self.max_model_len > cfg.max_position_embeddings:
+            logger.warning("--max-model-len %d is beyond the %d positions the model was trained on "
+                           "(max_position_embeddings): it runs, but output quality past %d tokens is not "
+                           "guaranteed", self.max_model_len, cfg.max_position_embeddings,
+                           cfg.max_position_embeddings)
         self._plan_gpu_memory()                       # before anything is placed on the device
         self.weights = self._place_weights(self.weights)
         self.kv = self._make_kv_pool()

@@ -80,7 +80,10 @@ def kv_bytes_per_token(cfg: ModelConfig, ec: EngineConfig) -> int:
 
 
 def context_len(cfg: ModelConfig, ec: EngineConfig) -> int:
-    return min(ec.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    """--max-model-len as given, even beyond max_position_embeddings (RoPE angles are computed
+    from the positions, nothing is sized by the trained length; the engine warns), else the
+    trained length."""
+    return ec.max_model_len or cfg.max_position_embeddings
 
 
 def workspace_bytes(cfg: ModelConfig, ec: EngineConfig) -> int:

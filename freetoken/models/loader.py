@@ -22,6 +22,19 @@ class LoadedModel:
     tokenizer: object          # tokenizer.Tokenizer
 
 
+def model_path(model: str | None, log) -> Path:
+    """What the server names the model by and reads generation_config.json from: the model
+    directory (the demo's when none is given). A ``synth:NAME`` model has no directory: its path
+    is the spec itself (its name is the served name; no file is read from it), so every --model
+    form ``generate`` loads, ``serve`` serves."""
+    if model and model.startswith(SYNTH_PREFIX):
+        from freetoken.models.synth import parse_spec
+        parse_spec(model[len(SYNTH_PREFIX):])       # a bad spec fails here, before the server binds
+        return Path(model)
+    from freetoken.demo import resolve_model_dir
+    return resolve_model_dir(model, log)
+
+
 def load_model(model: str | None, log) -> LoadedModel:
     from freetoken.demo import packaged_demo_dir, resolve_model_dir
     from freetoken.tokenizer import Tokenizer

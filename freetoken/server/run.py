@@ -20,8 +20,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Serve until interrupted; returns the process exit code."""
-    from freetoken.demo import resolve_model_dir
-    model_dir = resolve_model_dir(engine_config.model, logger)
+    from freetoken.models.loader import model_path
+    model_dir = model_path(engine_config.model, logger)
     engine_config = engine_config.replace(model=str(model_dir))
 
     def make_core():
