@@ -128,6 +128,11 @@ class AsyncEngine:
         """The context length, once loaded."""
         return self.core.max_model_len if self.state == "ready" else None
 
+    @property
+    def kv_tokens(self) -> int | None:
+        """Tokens the KV pool holds, once loaded: prompt plus output of one request must fit it."""
+        return self.core.kv.num_slots if self.state == "ready" else None
+
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """Raise InvalidRequest (with the token counts) for a prompt that can never run."""
         self.require_ready()

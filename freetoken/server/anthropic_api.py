@@ -6,33 +6,35 @@ import json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from freetoken.log import logger
 from freetoken.server import sse
+from freetoken.server.anthropic_messages import anthropic_conversation
 from freetoken.server.errors import APIError, error_body
 from freetoken.server.generation import (Done, Generation, GenerationError, Ping, Reasoning, Text, ToolCall,
                                          Usage, cancel_on_disconnect, chat_spec)
-from freetoken.server.messages import anthropic_conversation
 from freetoken.server.protocol import Body, sampling, stop_strings, template_kwargs
 from freetoken.server.state import new_id, read_json
 
-# accepted and ignored: hints for Anthropic's own service (caching, placement, effort, accounting)
-IGNORED_FIELDS = {"metadata", "service_tier", "context_management", "cache_control", "container", "diagnostics",
-                  "inference_geo", "output_config", "speed", "user_profile_id", "workspace_id"}
-COUNT_FIELDS = IGNORED_FIELDS | {"model", "messages", "system", "tools", "tool_choice", "thinking",
-                                 "chat_template_kwargs", "output_format"}
-MESSAGE_FIELDS = COUNT_FIELDS | {"max_tokens", "stop_sequences", "stream", "temperature",
-                                                  "top_p", "top_k", "min_p", "seed", "ignore_eos"}
+# fields that mean something here; everything else a request carries is logged (DEBUG) and ignored,
+# as harnesses add fields with each release (Claude Code 2.1 sends context_management, output_config)
+KNOWN_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "chat_template_kwargs",
+                "output_format", "output_config", "context_management", "mcp_servers", "max_tokens",
+                "stop_sequences", "stream", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos"}
+WHY_IGNORED = {"metadata": "accounting for Anthropic's service",
+               "cache_control": "the prefix cache reuses repeated prefixes by itself",
+               "service_tier": "one local engine", "inference_geo": "one local engine",
+               "container": "no code-execution container"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 async def messages(request: Request) -> Response:
     state = request.app.state.server
     body = Body(await read_json(request, state.config.max_body_bytes))
-    body.only(MESSAGE_FIELDS)
-    conv, kwargs = _conversation(body, state)
+    conv, kwargs = _conversation(body, state, "/v1/messages")
     params = sampling(body, state.limits(), max_tokens=body.int("max_tokens", lo=1),
                       stop=stop_strings(body, "stop_sequences"), temperature_max=1.0)
     stream = body.bool("stream", False)
-    spec = await chat_spec(state, conv, params, kwargs)
+    spec = await chat_spec(state, conv, params, kwargs, max_tokens_given=True)
     gen = Generation(state, spec, "/v1/messages", new_id("msg_"))
     head = {"id": gen.rid, "type": "message", "role": "assistant", "model": body.data["model"]}
     if stream:
@@ -55,12 +57,12 @@ async def messages(request: Request) -> Response:
 
 
 async def count_tokens(request: Request) -> Response:
+    """The prompt's token count, whatever its length: clients count to decide when to compact."""
     state = request.app.state.server
     body = Body(await read_json(request, state.config.max_body_bytes))
-    body.only(COUNT_FIELDS)
-    conv, kwargs = _conversation(body, state)
+    conv, kwargs = _conversation(body, state, "/v1/messages/count_tokens")
     params = sampling(Body({}), state.limits(), max_tokens=1, stop=(), temperature_max=1.0)
-    spec = await chat_spec(state, conv, params, kwargs)
+    spec = await chat_spec(state, conv, params, kwargs, check=False)
     return JSONResponse({"input_tokens": len(spec.prompt_ids)})
 
 
@@ -70,17 +72,45 @@ def usage(u: Usage) -> dict:
             "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
 
 
-def _conversation(body: Body, state):
+def _conversation(body: Body, state, route: str):
     state.check_model(body.str("model", nonempty=True))
+    _log_ignored(body, route)
     body.default_only("output_format", (), "(structured output) is not supported")
+    body.default_only("mcp_servers", ([],), "(the MCP connector) is not supported; run MCP servers in the client")
     conv = anthropic_conversation(body)
     kwargs = template_kwargs(body)
+    if body.has("output_config"):
+        config = body.obj("output_config")
+        config.default_only("format", (), "(structured output) is not supported")
+        if config.has("effort"):
+            logger.debug("%s: output_config.effort %r ignored (no effort control)", route, config.data["effort"])
     if body.has("thinking"):
         thinking = body.obj("thinking")
         kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))
-        thinking.int("budget_tokens", None, lo=0)
-        kwargs.setdefault("enable_thinking", kind != "disabled")
+        if thinking.int("budget_tokens", None, lo=0) is not None:
+            logger.debug("%s: thinking.budget_tokens ignored (no thinking budget is enforced)", route)
+        kwargs.setdefault("enable_thinking", kind != "disabled")    # the template's thinking switch
     return conv, kwargs
+
+
+def _log_ignored(body: Body, route: str) -> None:
+    for key, value in body.data.items():
+        if key not in KNOWN_FIELDS and value is not None:
+            logger.debug("%s: %s ignored (%s)", route, key, WHY_IGNORED.get(key, "not used by this server"))
+    if _marks_cache(body.data):
+        logger.debug("%s: cache_control ignored (%s)", route, WHY_IGNORED["cache_control"])
+
+
+def _marks_cache(data: dict) -> bool:
+    """Whether any system, tool or message block carries cache_control (a prompt-caching hint)."""
+    blocks = [*_dicts(data.get("system")), *_dicts(data.get("tools"))]
+    for m in _dicts(data.get("messages")):
+        blocks += _dicts(m.get("content"))
+    return any("cache_control" in b for b in blocks)
+
+
+def _dicts(value) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _stop(done: Done) -> tuple[str, str | None]:

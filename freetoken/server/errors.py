@@ -14,13 +14,18 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
 
 
 class APIError(Exception):
-    """A request the server answers with an error status; ``param`` names the offending field."""
+    """A request the server answers with an error status; ``param`` names the offending field.
+
+    ``wording`` holds another API's own message for the same error (``{"anthropic": ...}``): clients
+    parse some of them (Claude Code reads the counts out of "prompt is too long: N tokens > M
+    maximum" to compact its history), so each API gets the sentence its real service sends.
+    """
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 extra: dict | None = None, headers: dict | None = None):
+                 extra: dict | None = None, headers: dict | None = None, wording: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.extra, self.headers = extra or {}, headers
+        self.extra, self.headers, self.wording = extra or {}, headers, wording or {}
 
 
 def api_of(path: str) -> str:
@@ -31,10 +36,10 @@ def api_of(path: str) -> str:
 def error_body(err: APIError, api: str) -> dict:
     if api == "anthropic":
         kind = ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": err.message}}
+        return {"type": "error", "error": {"type": kind, "message": err.wording.get(api, err.message)}}
     kind = OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error")
-    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code,
-                      **err.extra}}
+    return {"error": {"message": err.wording.get(api, err.message), "type": kind, "param": err.param,
+                      "code": err.code, **err.extra}}
 
 
 def error_response(err: APIError, api: str, headers: dict | None = None) -> JSONResponse:

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from freetoken.engine.request import InvalidRequest, SamplingParams
+from freetoken.engine.request import SamplingParams
 from freetoken.log import logger
+from freetoken.server import budget
 from freetoken.server.errors import APIError
 from freetoken.server.messages import Conversation
+from freetoken.server.system_messages import place_system
 from freetoken.server.reasoning import OPEN as THINK_OPEN
 from freetoken.server.reasoning import CLOSE as THINK_CLOSE
 from freetoken.server.reasoning import ReasoningSplitter
@@ -82,30 +84,34 @@ class Collected:
     done: Done | None = None
 
 
-def check_prompt(engine, ids: list[int]) -> None:
-    try:
-        engine.check_prompt(ids)
-    except InvalidRequest as e:
-        if not ids:
-            raise APIError(400, str(e)) from None
-        raise APIError(400, str(e), code="context_length_exceeded",
-                       extra={"prompt_tokens": len(ids)}) from None
+def check_prompt(engine, ids: list[int], params: SamplingParams | None = None,
+                 max_tokens_given: bool = False) -> SamplingParams | None:
+    """400 for a prompt that leaves no room to generate; `params` with an output budget that
+    fits (a given max_tokens that does not fit is a 400 too: server/budget.py)."""
+    if params is None:
+        budget.fit(engine, len(ids), SamplingParams(max_tokens=1), True)
+        return None
+    return budget.fit(engine, len(ids), params, max_tokens_given)
 
 
-async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: dict) -> GenSpec:
-    """Render the chat template and tokenize, in a worker thread (long prompts take a while)."""
+async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: dict, *,
+                    max_tokens_given: bool = False, check: bool = True) -> GenSpec:
+    """Render the chat template and tokenize, in a worker thread (long prompts take a while);
+    then fit the output budget (`check=False` only counts: count_tokens answers any length)."""
     engine = state.ready_engine()
     tokenizer = engine.tokenizer
     tools = conv.template_tools
 
     def render() -> tuple[str, list[int]]:
-        text = tokenizer.apply_chat_template(conv.messages, tools=tools, add_generation_prompt=True, **kwargs)
+        messages = place_system(tokenizer, conv.messages)
+        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **kwargs)
         return text, tokenizer.encode(text)
     try:
         text, ids = await anyio.to_thread.run_sync(render)
     except ValueError as e:               # ChatTemplateError: the template refused these messages
         raise APIError(400, str(e)) from None
-    check_prompt(engine, ids)
+    if check:
+        params = check_prompt(engine, ids, params, max_tokens_given)
     parse_tools = state.parse_tools() and conv.tools is not None and conv.choice != "none"
     return GenSpec(ids, params, conv.tools if parse_tools else None, state.parse_reasoning(),
                    opens_think(text))

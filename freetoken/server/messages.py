@@ -1,4 +1,5 @@
-"""OpenAI and Anthropic conversations -> one neutral form the chat template renders.
+"""OpenAI conversations -> one neutral form the chat template renders (Anthropic's:
+server/anthropic_messages.py; system messages are placed for the template by server/system_messages.py).
 
 Neutral messages are dicts with role system|user|assistant|tool, string content, and for the
 assistant optional ``tool_calls`` ([{id, type: function, function: {name, arguments: dict|str}}])
@@ -147,88 +148,3 @@ def _forced(name: str, tools, param: str) -> str:
     if not tools or name not in {t["function"]["name"] for t in tools}:
         raise APIError(400, f"{param}: no tool named {name!r} was given", param=param)
     return name
-
-
-# --- Anthropic ------------------------------------------------------------------------------
-
-def anthropic_conversation(body: Body) -> Conversation:
-    out = []
-    if body.has("system"):
-        out.append({"role": "system", "content": _text_parts(body.data["system"], "system")})
-    for i, m in enumerate(body.list("messages", nonempty=True, max_items=MAX_MESSAGES)):
-        mb = Body(m, f"messages[{i}]")
-        mb.only({"role", "content"})
-        role = mb.str("role", choices=("user", "assistant"))
-        content = _required(mb, "content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        if not isinstance(blocks, list):
-            raise APIError(400, f"{mb.param('content')} must be a string or an array of blocks",
-                           param=mb.param("content"))
-        blocks = [Body(b, mb.param(f"content[{j}]")) for j, b in enumerate(blocks)]
-        out.extend(_assistant(blocks) if role == "assistant" else _user(blocks))
-    tools = _anthropic_tools(body)
-    return Conversation(out, tools, _anthropic_choice(body, tools))
-
-
-def _user(blocks: list[Body]) -> list[dict]:
-    out: list[dict] = []
-    for b in blocks:
-        kind = b.str("type")
-        if kind == "tool_result":
-            content = b.data.get("content") or ""
-            text = _text_parts(content, b.param("content"))
-            if b.bool("is_error", False):
-                text = "Error: " + text
-            out.append({"role": "tool", "tool_call_id": b.str("tool_use_id"), "content": text})
-        elif kind == "text":
-            if out and out[-1]["role"] == "user":
-                out[-1]["content"] += b.str("text")
-            else:
-                out.append({"role": "user", "content": b.str("text")})
-        else:
-            raise _unsupported(b.param("type"), f"a user content block of type {kind!r}")
-    return out
-
-
-def _assistant(blocks: list[Body]) -> list[dict]:
-    msg: dict = {"role": "assistant", "content": ""}
-    for b in blocks:
-        kind = b.str("type")
-        if kind == "text":
-            msg["content"] += b.str("text")
-        elif kind == "thinking":
-            msg["reasoning_content"] = msg.get("reasoning_content", "") + b.str("thinking", "")
-        elif kind == "redacted_thinking":
-            continue
-        elif kind == "tool_use":
-            call = {"id": b.str("id", ""), "type": "function",
-                    "function": {"name": b.str("name", nonempty=True),
-                                 "arguments": b.obj("input").data if b.has("input") else {}}}
-            msg.setdefault("tool_calls", []).append(call)
-        else:
-            raise _unsupported(b.param("type"), f"an assistant content block of type {kind!r}")
-    return [msg]
-
-
-def _anthropic_tools(body: Body) -> list[dict] | None:
-    tools = body.list("tools", None, max_items=MAX_TOOLS)
-    if not tools:
-        return None
-    out = []
-    for i, t in enumerate(tools):
-        tb = Body(t, f"tools[{i}]")
-        kind = tb.str("type", "custom")
-        if kind != "custom":
-            raise _unsupported(tb.param("type"), f"tool type {kind!r} (server tools)")
-        out.append({"type": "function", "function": _function(tb, tb.data.get("input_schema"), "input_schema")})
-    return out
-
-
-def _anthropic_choice(body: Body, tools) -> str:
-    if not body.has("tool_choice"):
-        return "auto"
-    c = body.obj("tool_choice")
-    kind = c.str("type", choices=("auto", "any", "tool", "none"))
-    if kind == "tool":
-        return _forced(c.str("name", nonempty=True), tools, "tool_choice.name")
-    return {"auto": "auto", "any": "required", "none": "none"}[kind]

@@ -47,7 +47,7 @@ async def chat_completions(request: Request) -> Response:
     params = sampling(body, state.limits(), max_tokens=max_tokens, stop=stop_strings(body, "stop"),
                       temperature_max=2.0)
     stream, include_usage = _stream_flags(body)
-    spec = await chat_spec(state, conv, params, kwargs)
+    spec = await chat_spec(state, conv, params, kwargs, max_tokens_given=max_tokens is not None)
     gen = Generation(state, spec, "/v1/chat/completions", new_id("chatcmpl-"))
     head = {"id": gen.rid, "created": int(time.time()), "model": body.data["model"], "system_fingerprint": None}
     if stream:
@@ -78,7 +78,7 @@ async def completions(request: Request) -> Response:
     stream, include_usage = _stream_flags(body)
     engine = state.ready_engine()
     ids = await _prompt_ids(body, engine.tokenizer)
-    check_prompt(engine, ids)
+    params = check_prompt(engine, ids, params, max_tokens_given=body.has("max_tokens"))
     gen = Generation(state, GenSpec(ids, params), "/v1/completions", new_id("cmpl-"))
     head = {"id": gen.rid, "object": "text_completion", "created": int(time.time()), "model": body.data["model"]}
     if stream:

@@ -98,7 +98,7 @@ CASES = {
     "anthropic unknown model": (msg(model="claude-opus-9"), 404),
     "anthropic temperature above one": (msg(temperature=1.5), 400),
     "anthropic system as number": (msg(system=3), 400),
-    "anthropic role system in messages": (msg(messages=[{"role": "system", "content": "x"}]), 400),
+    "anthropic role tool in messages": (msg(messages=[{"role": "tool", "content": "x"}]), 400),
     "anthropic image block": (msg(messages=[{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]), 400),
     "anthropic unknown block": (msg(messages=[{"role": "user", "content": [{"type": "hologram"}]}]), 400),
@@ -111,7 +111,10 @@ CASES = {
                                                     tool_choice={"type": "tool"}), 400),
     "anthropic thinking bad type": (msg(thinking={"type": "maybe"}), 400),
     "anthropic stop_sequences not a list": (msg(stop_sequences={"a": 1}), 400),
-    "anthropic unknown field": (msg(temperature_boost=2), 400),
+    "anthropic structured output": (msg(output_config={"format": {"type": "json_schema", "schema": {}}}), 400),
+    "anthropic clear_thinking keep bad": (msg(context_management={"edits": [
+        {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": -1}}]}), 400),
+    "anthropic beyond the context": (msg(messages=[{"role": "user", "content": LONG_PROMPT}]), 400),
     "anthropic count_tokens without messages": (("POST", "/v1/messages/count_tokens", {"model": M}), 400),
     # routes and methods
     "unknown route": (("POST", "/v1/nothing", {}), 404),

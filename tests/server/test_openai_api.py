@@ -177,3 +177,14 @@ def test_non_stream_disconnect_aborts(fake_server):
     status = wait_idle(fake_server.url, timeout=5)
     assert status["idle"] and status["kv"]["leaked"] == 0
     assert time.monotonic() - t0 < 10        # the whole answer would take 15 s
+
+
+def test_system_messages_anywhere(client):
+    """Leading system/developer messages become one; a later one stays in place (the demo template
+    renders it as a system turn)."""
+    r = client.chat.completions.create(model=MODEL, max_tokens=500, messages=[
+        {"role": "system", "content": "rule one"}, {"role": "developer", "content": "rule two"},
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+        {"role": "system", "content": "late rule"}, {"role": "user", "content": "ECHO"}])
+    prompt = r.choices[0].message.content
+    assert prompt.startswith("system\nrule one\n\nrule two\nuser\nq\nassistant\na\nsystem\nlate rule\nuser\nECHO")

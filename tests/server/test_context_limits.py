@@ -1,0 +1,154 @@
+"""Context and length honesty (issue 11 item 5), through the official SDKs: what does not fit is a
+400 with the counts in each API's own wording, a budget the server chose is shortened to fit,
+--default-max-tokens caps requests that give none, and ``serve`` takes synth: models and a
+--max-model-len beyond the trained length (with a warning)."""
+import re
+
+import anthropic
+import httpx
+import openai
+import pytest
+from bad_requests import LONG_PROMPT
+from fake_core import FakeCore
+from server_helpers import MODEL, ServerProcess, ServerThread
+
+CONTEXT = 2048           # the scripted core's context (conftest's fake_server)
+USER = [{"role": "user", "content": "SAY:ok"}]
+
+
+@pytest.fixture(scope="module")
+def oa(fake_server):
+    return openai.OpenAI(base_url=fake_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def an(fake_server):
+    return anthropic.Anthropic(base_url=fake_server.url, api_key="unused", max_retries=0, timeout=60)
+
+
+def prompt_tokens(tokenizer, messages) -> int:
+    return len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
+
+
+def openai_error(call) -> dict:
+    with pytest.raises(openai.BadRequestError) as e:
+        call()
+    return e.value.response.json()["error"]
+
+
+def anthropic_error(call) -> dict:
+    with pytest.raises(anthropic.BadRequestError) as e:
+        call()
+    body = e.value.response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    return body["error"]
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_openai_max_tokens_that_does_not_fit_is_400(oa, demo_tokenizer, key):
+    p = prompt_tokens(demo_tokenizer, USER)
+    err = openai_error(lambda: oa.chat.completions.create(model=MODEL, messages=USER, **{key: CONTEXT - p + 1}))
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    n = CONTEXT - p + 1
+    assert f"too large: {n}" in err["message"] and f"({n} > {CONTEXT} - {p})" in err["message"]
+    assert (err["prompt_tokens"], err["max_tokens"], err["context_length"]) == (p, CONTEXT - p + 1, CONTEXT)
+    r = oa.chat.completions.create(model=MODEL, messages=USER, **{key: CONTEXT - p})     # exactly what is left
+    assert r.choices[0].message.content == "ok"
+
+
+def test_openai_without_max_tokens_gets_what_is_left(oa, demo_tokenizer):
+    r = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "REPEAT:3"}])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == len(demo_tokenizer.encode("tok " * 3)) + 1      # + end of sequence
+
+
+def test_completions_max_tokens_that_does_not_fit_is_400(oa, demo_tokenizer):
+    p = len(demo_tokenizer.encode("SAY:ok"))
+    err = openai_error(lambda: oa.completions.create(model=MODEL, prompt="SAY:ok", max_tokens=CONTEXT))
+    assert err["code"] == "context_length_exceeded" and f"({CONTEXT} > {CONTEXT} - {p})" in err["message"]
+    assert oa.completions.create(model=MODEL, prompt="SAY:ok").usage.completion_tokens <= 16
+
+
+def test_openai_prompt_beyond_the_context(oa, demo_tokenizer):
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    p = prompt_tokens(demo_tokenizer, messages)
+    err = openai_error(lambda: oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=5))
+    assert err["code"] == "context_length_exceeded" and err["prompt_tokens"] == p > CONTEXT
+    assert f"maximum context length is {CONTEXT} tokens" in err["message"] and f"has {p} input tokens" in err["message"]
+
+
+def test_anthropic_max_tokens_that_does_not_fit_in_anthropic_words(an, demo_tokenizer):
+    p = prompt_tokens(demo_tokenizer, USER)
+    expected = (f"input length and `max_tokens` exceed context limit: {p} + 32000 > {CONTEXT}, "
+                f"decrease input length or `max_tokens` and try again")
+    for stream in (False, True):       # the stream is refused before it starts, as a JSON 400
+        err = anthropic_error(lambda: an.messages.create(model=MODEL, max_tokens=32000, messages=USER, stream=stream))
+        assert err["message"] == expected
+    m = an.messages.create(model=MODEL, max_tokens=CONTEXT - p, messages=USER)
+    assert m.content[0].text == "ok"
+
+
+def test_anthropic_prompt_too_long_and_count_tokens_still_counts(an):
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    n = an.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+    assert n > CONTEXT
+    err = anthropic_error(lambda: an.messages.create(model=MODEL, max_tokens=10, messages=messages))
+    assert err["message"] == f"prompt is too long: {n} tokens > {CONTEXT - 1} maximum"
+    assert re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", err["message"])
+
+
+def test_kv_pool_smaller_than_the_context_is_the_limit(demo_tokenizer):
+    server = ServerThread(lambda: FakeCore(demo_tokenizer, max_model_len=CONTEXT, kv_tokens=1024)).start()
+    try:
+        messages = [{"role": "user", "content": "def f(x):\n    return x\n" * 200}]      # 1024..2048 tokens
+        p = prompt_tokens(demo_tokenizer, messages)
+        assert 1024 <= p < CONTEXT
+        oa = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        err = openai_error(lambda: oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=5))
+        assert "KV pool holds 1024 tokens (--num-kv-tokens)" in err["message"] and err["context_length"] == 1024
+        an = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+        err = anthropic_error(lambda: an.messages.create(model=MODEL, max_tokens=5, messages=messages))
+        assert err["message"] == f"prompt is too long: {p} tokens > 1023 maximum"
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("default, asked, got", [(5, None, 5), (5, 8, 8), (100_000, None, None)])
+def test_default_max_tokens_caps_requests_that_give_none(demo_tokenizer, default, asked, got):
+    whole = len(demo_tokenizer.encode("tok " * 40)) + 1
+    got = got or whole
+    server = ServerThread(lambda: FakeCore(demo_tokenizer), default_max_tokens=default).start()
+    try:
+        oa = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        kw = {} if asked is None else {"max_tokens": asked}
+        r = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "REPEAT:40"}], **kw)
+        assert r.usage.completion_tokens == got      # 100000 > what is left: shortened, not refused
+        assert r.choices[0].finish_reason == ("length" if got < whole else "stop")
+    finally:
+        server.stop()
+
+
+def test_default_max_tokens_flag_comes_from_the_config_field():
+    from freetoken.cli import build_parser, config_from_args
+    from freetoken.server.config import ServerConfig
+    args = build_parser().parse_args(["serve", "--default-max-tokens", "7"])
+    assert config_from_args(args, ServerConfig).default_max_tokens == 7
+
+
+def test_serve_synth_model_beyond_its_trained_length():
+    """synth:tiny is trained (max_position_embeddings) for 1024 positions; ask for 2048."""
+    proc = ServerProcess("--model", "synth:tiny", "--max-model-len", "2048")
+    try:
+        (card,) = httpx.get(proc.url + "/v1/models").json()["data"]
+        assert card["id"] == "synth:tiny" and card["max_model_len"] == 2048
+        r = httpx.post(proc.url + "/v1/completions", timeout=120,
+                       json={"model": "synth:tiny", "prompt": [7] * 1500, "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200, r.text                     # past 1024: not capped
+        assert r.json()["usage"] == {"prompt_tokens": 1500, "completion_tokens": 3, "total_tokens": 1503,
+                                     "prompt_tokens_details": {"cached_tokens": 0}}
+    finally:
+        code = proc.stop()
+    log = "".join(proc.stderr_lines)
+    assert code == 0, log[-2000:]
+    assert "WARNING --max-model-len 2048 is beyond the 1024 positions the model was trained on" in log, log
+    assert "output quality past 1024 tokens is not guaranteed" in log
