@@ -69,7 +69,8 @@ async def responses(request: Request) -> Response:
     body.only(FIELDS)
     store = _store(request)
     plan = _plan(body, state, store, new_id("resp_"))
-    spec = await chat_spec(state, plan.conv, plan.params, plan.kwargs)
+    spec = await chat_spec(state, plan.conv, plan.params, plan.kwargs,
+                           max_tokens_given=body.has("max_output_tokens"))
     run = _Run(plan, Generation(state, spec, "/v1/responses", plan.rid), store, state.ready_engine().tokenizer)
     if plan.stream:
         response = sse.response(run.frames())

@@ -152,3 +152,10 @@ def test_serve_synth_model_beyond_its_trained_length():
     assert code == 0, log[-2000:]
     assert "WARNING --max-model-len 2048 is beyond the 1024 positions the model was trained on" in log, log
     assert "output quality past 1024 tokens is not guaranteed" in log
+
+
+def test_responses_max_output_tokens_that_does_not_fit_is_400(oa):
+    """The Responses route follows chat: a given max_output_tokens past the context is refused."""
+    err = openai_error(lambda: oa.responses.create(model=MODEL, input="SAY:ok", max_output_tokens=CONTEXT))
+    assert err["code"] == "context_length_exceeded" and "too large" in err["message"]
+    assert oa.responses.create(model=MODEL, input="SAY:ok", max_output_tokens=16).output_text == "ok"
