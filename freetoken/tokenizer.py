@@ -9,6 +9,7 @@ from freetoken.config import ConfigError
 
 _REPLACEMENT = "\ufffd"  # what a cut UTF-8 sequence decodes to
 _CONTEXT_TOKENS = 6      # prompt tokens kept as decode context (leading-space rules)
+_LONG_TEXT = 32 << 10    # characters; longer texts are encoded with the GIL released (see encode)
 
 
 class ChatTemplateError(ValueError):
@@ -52,6 +53,10 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if len(text) > _LONG_TEXT:
+            # encode() holds the GIL throughout (~0.5 s per MB); encode_batch() releases it, so the
+            # server's event loop keeps running while a long prompt is tokenized in a worker thread
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
@@ -73,6 +78,11 @@ class Tokenizer:
                                    add_generation_prompt=add_generation_prompt, **variables)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template: {e}") from None
+
+    def set_chat_template(self, source: str) -> None:
+        """Use `source` (Jinja text, e.g. from load_chat_template) instead of the checkpoint's template."""
+        self.chat_template = source
+        self._compiled.clear()
 
     def _select_template(self, tools) -> str:
         """A string template, or HF's named list: 'tool_use' when tools are given, else 'default'."""
@@ -136,6 +146,26 @@ def _common_prefix(a: str, b: str) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+def load_chat_template(path: str | Path) -> str:
+    """A chat template file's text, checked now: it must compile and render one user turn."""
+    from jinja2.exceptions import TemplateSyntaxError
+    p = Path(path).expanduser()
+    try:
+        source = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--chat-template {p}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        template = _environment().from_string(source)
+    except TemplateSyntaxError as e:
+        raise ConfigError(f"--chat-template {p}: line {e.lineno}: {e.message}") from None
+    try:
+        template.render(messages=[{"role": "user", "content": "hello"}], tools=None, add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - raise_exception(), or anything a Jinja expression raises
+        raise ConfigError(f"--chat-template {p}: fails on a one-message conversation: "
+                          f"{type(e).__name__}: {e}") from None
+    return source
 
 
 def _environment():

@@ -39,8 +39,17 @@ def run(args) -> int:
             print("give --moe-cache-size and/or --num-kv-tokens", file=sys.stderr)
             return 2
         status, body = request(args, "POST", "/v1/cache/rebuild", sizes)
-    print(json.dumps(body, indent=2))
+    _print(json.dumps(body, indent=2))
     return 0 if status < 400 else 1
+
+
+def _print(text: str) -> None:
+    """Print, quietly giving up when the reader has gone (``ctl ... | head``)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # point stdout at /dev/null, or the flush at exit raises again and prints a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def request(args, method: str, path: str, payload: dict | None = None) -> tuple[int, dict]:

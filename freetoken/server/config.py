@@ -30,8 +30,13 @@ class ServerConfig:
                                           "blocks (auto: when the vocabulary has </think>)",
                                   ("auto", "think", "none"))
     allowed_origins: str = _flag("", "browser origins allowed besides loopback ones, comma-separated "
-                                     "(requests carrying another Origin get 403)")
-    shutdown_timeout: float = _flag(5.0, "seconds open streams get to finish on shutdown")
+                                     "(requests carrying another Origin get 403); these get CORS headers")
+    shutdown_timeout: float = _flag(5.0, "seconds open requests get to finish on SIGTERM/SIGINT before "
+                                         "they are ended with 503 / an error event")
+    access_log: bool = _flag(True, "one INFO line per request: method, path, status, tokens, time to "
+                                   "first token, total time")
+    chat_template: str | None = _flag(None, "a Jinja chat template file used instead of the model's own "
+                                            "(checked at start-up)")
 
     def __post_init__(self):
         checks = [(0 <= self.port <= 65535, "port must be in [0, 65535]"),

@@ -19,13 +19,15 @@ STATUS_TIMEOUT = 10.0        # seconds to wait for the engine thread's snapshot 
 async def health(request: Request) -> Response:
     state = request.app.state.server
     engine = state.engine
-    if engine.state == "ready":
+    if engine.state == "ready" and not state.stopping:
         return JSONResponse({"status": "ok", "model": state.model,
                              "uptime_s": round(time.time() - state.started, 1)})
-    message = {"loading": "the model is loading", "stopped": "the server is shutting down"}.get(
-        engine.state, f"the engine failed to start: {engine.error}")
-    return JSONResponse({"status": engine.state, "error": {"message": message, "type": "unavailable_error",
-                                                           "code": 503}}, status_code=503)
+    status = "stopping" if state.stopping and engine.state == "ready" else engine.state
+    message = {"loading": "the model is loading", "stopped": "the server is shutting down",
+               "stopping": "the server is shutting down: open requests are finishing"}.get(
+        status, f"the engine failed to start: {engine.error}")
+    return JSONResponse({"status": status, "error": {"message": message, "type": "unavailable_error",
+                                                     "code": 503}}, status_code=503)
 
 
 async def metrics(request: Request) -> Response:

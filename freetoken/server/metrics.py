@@ -1,9 +1,37 @@
 """Server counters and the Prometheus text exposition of them plus the engine's snapshot."""
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 
+from freetoken.server.access import note_generation
+
 PREFIX = "freetoken_"
+# seconds; wide at the top, since a long prompt on an offloaded MoE can take minutes
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative buckets (le = upper bound), their sum and count."""
+
+    def __init__(self, bounds: tuple):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)    # the last one is +Inf
+        self.sum, self.count = 0.0, 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.sum += value * times
+        self.count += times
+
+    def samples(self) -> list:
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, "+Inf"), self.counts):
+            total += n
+            out.append(({"le": str(bound)}, total, "_bucket"))
+        return out + [({}, round(self.sum, 6), "_sum"), ({}, self.count, "_count")]
 
 
 class Metrics:
@@ -15,8 +43,9 @@ class Metrics:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0           # prompt tokens served from the prefix cache
-        self.ttft_sum, self.ttft_count = 0.0, 0
-        self.duration_sum, self.duration_count = 0.0, 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.duration = Histogram(REQUEST_BUCKETS)
         self.active = 0                  # generation requests currently open
 
     def observe_http(self, route: str, status: int) -> None:
@@ -29,8 +58,12 @@ class Metrics:
         self.completion_tokens += completion
         self.cached_tokens += cached
         if ttft is not None:
-            self.ttft_sum, self.ttft_count = self.ttft_sum + ttft, self.ttft_count + 1
-        self.duration_sum, self.duration_count = self.duration_sum + seconds, self.duration_count + 1
+            self.ttft.observe(ttft)
+            if completion > 1 and seconds > ttft:
+                # each of the request's gaps counts once, at the request's mean gap
+                self.itl.observe((seconds - ttft) / (completion - 1), completion - 1)
+        self.duration.observe(seconds)
+        note_generation(prompt, completion, cached, ttft, seconds)
 
     def render(self, engine_state: str, engine: dict | None, counters: dict, decode_tok_s: float) -> str:
         out: list[str] = []
@@ -44,10 +77,12 @@ class Metrics:
         metric("generation_tokens_total", "counter", "generated tokens", [({}, self.completion_tokens)])
         metric("prefix_cache_hit_tokens_total", "counter", "prompt tokens reused from the prefix cache",
                [({}, self.cached_tokens)])
-        metric("time_to_first_token_seconds", "summary", "request arrival to first token",
-               [({}, self.ttft_sum, "_sum"), ({}, self.ttft_count, "_count")])
-        metric("request_duration_seconds", "summary", "request arrival to last token",
-               [({}, self.duration_sum, "_sum"), ({}, self.duration_count, "_count")])
+        metric("time_to_first_token_seconds", "histogram", "generation start to first token",
+               self.ttft.samples())
+        metric("inter_token_latency_seconds", "histogram", "time between output tokens (each request's "
+               "gaps at its mean gap)", self.itl.samples())
+        metric("request_duration_seconds", "histogram", "generation start to last token",
+               self.duration.samples())
         metric("engine_ready", "gauge", "1 once the model is loaded", [({}, int(engine_state == "ready"))])
         metric("engine_steps_total", "counter", "engine forward steps", [({}, counters["steps"])])
         metric("engine_step_errors_total", "counter", "engine steps that raised", [({}, counters["step_errors"])])

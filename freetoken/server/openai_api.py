@@ -92,10 +92,21 @@ async def completions(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     state = request.app.state.server
+    return JSONResponse({"object": "list", "data": [_card(state, name) for name in state.names]})
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{id} (the SDKs' models.retrieve): the card, or 404 model_not_found."""
+    state = request.app.state.server
+    name = request.path_params["model"]
+    state.check_model(name)
+    return JSONResponse(_card(state, name))
+
+
+def _card(state, name: str) -> dict:
     ctx = state.context_length
-    cards = [{"id": name, "object": "model", "created": int(state.started), "owned_by": "freetoken",
-              "root": state.model_dir.name, "max_model_len": ctx, "context_length": ctx} for name in state.names]
-    return JSONResponse({"object": "list", "data": cards})
+    return {"id": name, "object": "model", "created": int(state.started), "owned_by": "freetoken",
+            "root": state.model_dir.name, "max_model_len": ctx, "context_length": ctx}
 
 
 def usage(u: Usage) -> dict:

@@ -1,9 +1,11 @@
 """Run the server: bind first (so /health answers 503 while the model loads), load in the engine
-thread, print one ready line, and shut down gracefully on SIGINT/SIGTERM (a second one forces it).
+thread, print one ready line. On SIGINT/SIGTERM stop accepting, let open requests finish for up to
+--shutdown-timeout, then end the rest (a second signal exits at once).
 """
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -16,6 +18,8 @@ from freetoken.log import logger
 from freetoken.server.config import ServerConfig
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+EXIT_DRAINED, EXIT_FAILED, EXIT_CUT = 0, 1, 3
+CLOSE_GRACE = 2.0        # seconds after the drain's deadline for the ended requests' last bytes
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -35,27 +39,27 @@ def hypercorn_config(config: ServerConfig):
     hc = Config()
     host = f"[{config.host}]" if ":" in config.host else config.host
     hc.bind = [f"{host}:{config.port}"]
-    hc.accesslog = None                        # the server logs one line per generation request
+    hc.accesslog = None                        # server/access.py writes the access log
     http_log = logging.getLogger("freetoken.http")
     http_log.setLevel(logging.WARNING)         # hypercorn's own "Running on" line is replaced by ours
     hc.errorlog = http_log
-    hc.graceful_timeout = config.shutdown_timeout
+    # hypercorn cancels what is left after this; the drain (access.drain) ends requests first
+    hc.graceful_timeout = config.shutdown_timeout + CLOSE_GRACE
     hc.include_server_header = False
     return hc
 
 
 async def serve_engine(engine: AsyncEngine, model_dir, config: ServerConfig,
                        stop: asyncio.Event | None = None, on_bound=None) -> int:
-    """Serve `engine` (not yet started) until `stop` is set or a signal arrives."""
-    from hypercorn.asyncio.run import worker_serve
-    from hypercorn.utils import wrap_app
-
-    from freetoken.server.app import build_app
+    """Serve `engine` (not yet started) until `stop` is set or a signal arrives; the exit code is
+    EXIT_DRAINED, EXIT_FAILED (the engine did not load) or EXIT_CUT (the drain ended requests)."""
     from freetoken.server.state import ServerState
+    from freetoken.tokenizer import load_chat_template
 
-    state = ServerState(engine, config, model_dir)
+    template = load_chat_template(config.chat_template) if config.chat_template else None
+    state = ServerState(engine, config, model_dir, chat_template=template)
     hc = hypercorn_config(config)
-    sockets = hc.create_sockets()
+    sockets = _bind(hc, config)
     host, port = sockets.insecure_sockets[0].getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     if on_bound is not None:
@@ -66,20 +70,54 @@ async def serve_engine(engine: AsyncEngine, model_dir, config: ServerConfig,
     _install_signals(stop)
     loop = asyncio.get_running_loop()
     engine.start(loop)
-    exit_code = [0]
+    exit_code = [EXIT_DRAINED]
     threading.Thread(target=_announce, args=(engine, state, url, loop, stop, exit_code), daemon=True).start()
+    try:
+        cut = await _serve(state, hc, sockets, stop)
+    finally:
+        await asyncio.to_thread(engine.shutdown)
+    if cut:
+        logger.warning("shutdown: %d request(s) did not finish within %g s and were ended",
+                       cut, config.shutdown_timeout)
+        return exit_code[0] or EXIT_CUT
+    return exit_code[0]
+
+
+async def _serve(state, hc, sockets, stop: asyncio.Event) -> int:
+    """Hypercorn until `stop`, then the drain; returns how many requests the drain had to end."""
+    from hypercorn.asyncio.run import worker_serve
+    from hypercorn.utils import wrap_app
+
+    from freetoken.server import access
+    from freetoken.server.app import build_app
+    timeout = state.config.shutdown_timeout
+    drain: list[asyncio.Future] = []
 
     async def shutdown_trigger():
         await stop.wait()
-        logger.info("shutting down: aborting open requests")
-        await asyncio.to_thread(engine.shutdown)
+        state.stopping = True                  # from here on new requests get 503
+        n = len(state.open_requests)
+        logger.info("shutting down%s", f": {n} open request(s) get up to {timeout:g} s to finish" if n else "")
+        drain.append(asyncio.ensure_future(access.drain(state, timeout)))
+        # returning makes hypercorn stop accepting and wait for the open connections
+    await worker_serve(wrap_app(build_app(state), hc.wsgi_max_body_size, "asgi"), hc,
+                       sockets=sockets, shutdown_trigger=shutdown_trigger)
+    return await drain[0] if drain else 0
 
+
+def _bind(hc, config: ServerConfig):
+    """The listening sockets, or one RuntimeError line saying why there are none."""
     try:
-        await worker_serve(wrap_app(build_app(state), hc.wsgi_max_body_size, "asgi"), hc,
-                           sockets=sockets, shutdown_trigger=shutdown_trigger)
-    finally:
-        await asyncio.to_thread(engine.shutdown)
-    return exit_code[0]
+        sockets = hc.create_sockets()
+        for sock in sockets.insecure_sockets:
+            # listen now: hypercorn only does when it starts serving, after the engine was started,
+            # and until then a client that saw the ready line would be refused
+            sock.listen(hc.backlog)
+        return sockets
+    except OSError as e:
+        hint = (" (is another server running there? --port picks another, 0 any free one)"
+                if e.errno == errno.EADDRINUSE else "")
+        raise RuntimeError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}{hint}") from None
 
 
 def _announce(engine: AsyncEngine, state, url: str, loop, stop: asyncio.Event, exit_code: list) -> None:
@@ -90,7 +128,7 @@ def _announce(engine: AsyncEngine, state, url: str, loop, stop: asyncio.Event, e
         return
     if engine.state == "failed":
         logger.error("could not start the engine: %s", engine.error)
-        exit_code[0] = 1
+        exit_code[0] = EXIT_FAILED
         loop.call_soon_threadsafe(stop.set)
 
 

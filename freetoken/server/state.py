@@ -7,9 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from starlette.requests import ClientDisconnect, Request
-
 from freetoken.engine.async_engine import AsyncEngine, EngineNotReady
+from freetoken.server.body import read_json  # noqa: F401 - the routes read bodies through here
 from freetoken.server.config import ServerConfig
 from freetoken.server.errors import APIError
 from freetoken.server.metrics import Metrics
@@ -25,7 +24,11 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
     last_rebuild: dict | None = None
+    chat_template: str | None = None            # --chat-template's text, put in the tokenizer once loaded
+    stopping: bool = False                      # shutdown began: new requests get 503
+    open_requests: dict = field(default_factory=dict)   # asyncio.Task -> access.Record, for the drain
     _defaults: dict | None = None
+    _template_installed: bool = False
 
     def __post_init__(self):
         if not self.names:
@@ -48,6 +51,10 @@ class ServerState:
             self.engine.require_ready()
         except EngineNotReady as e:
             raise APIError(503, str(e)) from None
+        if self.chat_template is not None and not self._template_installed:
+            # every route that renders a prompt passes here first, so none sees the checkpoint's template
+            self.engine.tokenizer.set_chat_template(self.chat_template)
+            self._template_installed = True
         return self.engine
 
     @property
@@ -88,35 +95,3 @@ def _generation_defaults(model_dir: Path) -> dict:
 
 def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
-
-
-def _no_constants(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object: 413 over `limit` bytes, 400 when it is not a JSON object."""
-    too_large = APIError(413, f"the request body is larger than {limit} bytes",
-                         headers={"Connection": "close"})    # the unread rest makes the connection unusable
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise APIError(400, "the client disconnected while sending the body") from None
-    raw = b"".join(chunks)
-    if not raw.strip():
-        raise APIError(400, "the request body is empty; expected a JSON object")
-    try:
-        data = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as e:     # UnicodeDecodeError is a ValueError
-        raise APIError(400, f"the request body is not valid JSON: {str(e)[:200]}") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    return data

@@ -26,6 +26,7 @@ class ServerThread:
         self.engine = AsyncEngine(make_core)
         self.config = ServerConfig(port=0, **config)
         self.url = None
+        self.exit_code = None               # serve_engine's, once stopped
         self._bound = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
 
@@ -35,7 +36,8 @@ class ServerThread:
         async def main():
             self.loop = asyncio.get_running_loop()
             self.stop_event = asyncio.Event()
-            await serve_engine(self.engine, packaged_demo_dir(), self.config, self.stop_event, self._on_bound)
+            self.exit_code = await serve_engine(self.engine, packaged_demo_dir(), self.config, self.stop_event,
+                                                self._on_bound)
         asyncio.run(main())
 
     def _on_bound(self, url):

@@ -92,7 +92,8 @@ def test_failed_step_fails_its_requests_and_keeps_serving(fake_server):
 
 
 def test_shutdown_ends_open_streams(demo_tokenizer):
-    server = ServerThread(lambda: FakeCore(demo_tokenizer), shutdown_timeout=10).start()
+    # the stream outlives --shutdown-timeout, so the drain ends it (test_shutdown.py has the rest)
+    server = ServerThread(lambda: FakeCore(demo_tokenizer), shutdown_timeout=1).start()
     body = chat_body("REPEAT:5000 SLEEP:5", stream=True)
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as s:
         lines = s.iter_lines()
