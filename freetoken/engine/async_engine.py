@@ -6,6 +6,7 @@ every Request, and sleeps on its command queue when idle. The event loop only se
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -191,7 +192,10 @@ class AsyncEngine:
             self.core = self._make_core()
         except BaseException as e:  # noqa: BLE001 - reported through /health, never raised
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"
-            logger.exception("engine failed to load")
+            # a bad model directory or option says all in its message (the server prints it in one
+            # line); anything else is a bug, worth its traceback
+            expected = isinstance(e, (ValueError, OSError))
+            logger.log(logging.DEBUG if expected else logging.ERROR, "engine failed to load", exc_info=True)
             self._ready.set()
             return
         self.load_seconds = time.perf_counter() - t0
