@@ -171,15 +171,23 @@ def _event_frames(ev, blocks: _Blocks) -> list[str]:
 
 
 async def _frames(gen: Generation, head: dict, prompt_tokens: int):
-    start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_read_input_tokens": 0,
-                       "cache_creation_input_tokens": 0}}
-    yield sse.event("message_start", {"type": "message_start", "message": start})
-    blocks = _Blocks()
+    def start() -> str:
+        # sent with the first output, once the prefix cache was consulted: its usage then agrees
+        # with message_delta's (input_tokens are the tokens computed anew, cache reads apart)
+        start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
+                 "usage": usage(Usage(prompt_tokens, 0, gen.cached_tokens))}
+        return sse.event("message_start", {"type": "message_start", "message": start})
+    blocks, started = _Blocks(), False
     try:
         async for ev in gen.events():
+            if not started and isinstance(ev, Ping):
+                yield sse.OPENAI_PING       # an SSE comment: no event may precede message_start
+                continue
+            if not started:
+                started = True
+                yield start()
             for frame in _event_frames(ev, blocks):
                 yield frame
     except GenerationError as e:
         body = error_body(APIError(400 if e.invalid else 500, str(e)), "anthropic")
-        yield sse.event("error", body)
+        yield (start() if not started else "") + sse.event("error", body)

@@ -130,6 +130,7 @@ class Generation:
         self.state, self.spec, self.route, self.rid = state, spec, route, rid
         self.t_start = time.perf_counter()
         self.ttft: float | None = None
+        self.cached_tokens = 0            # prompt tokens the prefix cache served, known from the first output
         self.splitter = ReasoningSplitter(spec.think_open) if spec.reasoning else None
         self.tools = ToolCallParser(spec.tools) if spec.tools is not None else None
         self.num_calls = 0
@@ -147,6 +148,7 @@ class Generation:
                     yield Ping()
                     continue
                 last = out
+                self.cached_tokens = out.cached_tokens
                 if out.error is not None:
                     raise GenerationError(out.error, out.invalid)
                 if out.finish_reason == "abort":        # only shutdown aborts a request we still read

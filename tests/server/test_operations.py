@@ -4,6 +4,7 @@ import logging
 import math
 import re
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -163,3 +164,23 @@ def test_metrics_histograms(demo_tokenizer):
     assert check_histogram(families["freetoken_request_duration_seconds"][1])[1] == 2
     outputs = families["freetoken_generation_tokens_total"][1][0][2]          # 5 + 2 tokens (with eos)
     assert check_histogram(families["freetoken_inter_token_latency_seconds"][1])[1] == outputs - 2
+
+
+def test_anthropic_stream_usage_agrees_from_message_start_on():
+    """message_start reports the prefix-cache reads that message_delta reports (demo model)."""
+    from freetoken.config import EngineConfig
+    from freetoken.engine.core import EngineCore
+    server = ServerThread(lambda: EngineCore(EngineConfig(model=str(packaged_demo_dir())))).start(wait_ready=False)
+    assert server.engine.wait_ready(300), server.engine.error
+    try:
+        client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
+        ask = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Write a queue."}]}
+        client.messages.create(**ask)                        # puts the prompt in the prefix cache
+        with client.messages.stream(**ask) as stream:
+            events = list(stream)
+    finally:
+        server.stop()
+    start = next(e for e in events if e.type == "message_start").message.usage
+    delta = next(e for e in events if e.type == "message_delta").usage
+    assert start.cache_read_input_tokens > 0
+    assert (start.input_tokens, start.cache_read_input_tokens) == (delta.input_tokens, delta.cache_read_input_tokens)
