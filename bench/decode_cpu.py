@@ -108,8 +108,11 @@ class OpTimer:
         self._set(model, "ops", dataclasses.replace(ops, **wrapped))
         moe = core.moe
         self._set(moe, "forward", self._wrap(moe.forward, "moe.forward (total)"))
-        if getattr(moe, "executor", None) is not None:
-            self._set(moe.executor, "_op", self._wrap(moe.executor._op, "experts kernel (executor)"))
+        branch = getattr(moe, "branch", None)          # the CPU share: inline or on the executor
+        if branch is not None:
+            self._set(branch, "_op", self._wrap(branch._op, "experts kernel (cpu branch)"))
+            if getattr(branch, "executor", None) is not None:
+                self._set(branch.executor, "_op", self._wrap(branch.executor._op, "experts kernel (executor)"))
         if hasattr(moe, "_op"):
             self._set(moe, "_op", self._wrap(moe._op, "experts kernel (direct)"))
 

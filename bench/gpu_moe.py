@@ -1,5 +1,5 @@
 """GPU MoE backends end to end: decode and prefill speed of offload, hybrid and cpu at several
-expert-cache sizes, with the machine's bandwidths; pairs: freetoken/moe/gpu_runtime.py,
+expert-cache sizes, with the machine's bandwidths; pairs: freetoken/moe/runtime.py (on CudaDevice),
 freetoken/moe/prefill.py, freetoken/commands/bench.py (`bench bw`), docs/moe.md. Needs a GPU;
 run by bench/gpu_check.sh.
 
