@@ -16,6 +16,14 @@ class ChatTemplateError(ValueError):
     """The chat template failed to render (raise_exception in the template, bad messages)."""
 
 
+class TooManyTokens(Exception):
+    """A text has more tokens than the caller's limit; ``tokens`` is the exact count."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"{tokens} tokens, more than the limit of {limit}")
+        self.tokens = tokens
+
+
 class Tokenizer:
     """A model directory's tokenizer.json plus tokenizer_config.json and generation_config.json."""
 
@@ -52,12 +60,19 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        if len(text) > _LONG_TEXT:
+    def encode(self, text: str, add_special_tokens: bool = False, limit: int | None = None) -> list[int]:
+        """Token ids; with `limit`, more than `limit` tokens raise TooManyTokens (with the count)."""
+        if len(text) <= _LONG_TEXT:
+            encoding = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        else:
             # encode() holds the GIL throughout (~0.5 s per MB); encode_batch() releases it, so the
             # server's event loop keeps running while a long prompt is tokenized in a worker thread
-            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+            encoding = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        if limit is not None and len(encoding) > limit:
+            # counted without building the id list: for millions of tokens that list would take
+            # ~70 ns a token with the GIL held, and hundreds of MB
+            raise TooManyTokens(len(encoding), limit)
+        return encoding.ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -21,6 +21,7 @@ from freetoken.server.reasoning import OPEN as THINK_OPEN
 from freetoken.server.reasoning import CLOSE as THINK_CLOSE
 from freetoken.server.reasoning import ReasoningSplitter
 from freetoken.server.toolcalls import ParsedCall, ToolCallParser
+from freetoken.tokenizer import TooManyTokens
 
 
 @dataclass
@@ -101,13 +102,17 @@ async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: d
     engine = state.ready_engine()
     tokenizer = engine.tokenizer
     tools = conv.template_tools
+    limit = budget.TokenLimit.of(engine)
 
     def render() -> tuple[str, list[int]]:
         messages = place_system(tokenizer, conv.messages)
         text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **kwargs)
-        return text, tokenizer.encode(text)
+        return text, tokenizer.encode(text, limit=limit.tokens - 1 if check else None)
     try:
         text, ids = await anyio.to_thread.run_sync(render)
+    except TooManyTokens as e:            # no room to generate: the 400 with the count, no id list built
+        budget.check_prompt(limit, e.tokens)
+        raise
     except ValueError as e:               # ChatTemplateError: the template refused these messages
         raise APIError(400, str(e)) from None
     if check:

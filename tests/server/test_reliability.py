@@ -99,3 +99,12 @@ def test_health_answers_while_a_30_mb_body_is_parsed(fake_server):
     assert len(latencies) >= 10, (latencies, result)   # /health really ran during the parse
     assert max(latencies) < 0.1, (f"/health took up to {max(latencies) * 1000:.0f} ms while a "
                                   f"{len(body) >> 20} MB body took {result['seconds']:.1f} s")
+
+
+def test_a_prompt_far_beyond_the_context_gets_its_exact_count(fake_server):
+    """Counted without building the id list (Tokenizer.encode's limit), and still exact."""
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "word, " * 40000}]}
+    counted = httpx.post(fake_server.url + "/v1/messages/count_tokens", json=ask, timeout=60).json()
+    r = httpx.post(fake_server.url + "/v1/messages", json={**ask, "max_tokens": 8}, timeout=60)
+    assert r.status_code == 400 and counted["input_tokens"] > 40000
+    assert r.json()["error"]["message"].startswith(f"prompt is too long: {counted['input_tokens']} tokens > ")
