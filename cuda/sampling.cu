@@ -23,6 +23,11 @@
 // step may pick the neighbouring token. CuPy compiles with -ftz=true, so an e below 2^-126
 // (a scaled logit ~87 under the max) counts as probability 0, where ref keeps a vanishing mass.
 // min_p > 1 is treated as 1 (the top token always stays).
+// mask_logits_f32 (constrained decoding, launched before sampling_f32 only when a mask is given):
+// grid (B,), block (threads(W),); logits [B,V] in place (the wrapper's copy), mask int32 [B,W],
+// W = ceil(V/32): bit t&31 of word t>>5 clear -> logit t = -inf. All-ones words are skipped, so
+// an unconstrained row (all -1) is only read. -inf logits give e = 0: greedy never picks them
+// while one allowed token exists, and every sampling filter drops them as probability 0.
 #include "common.cuh"
 
 #define ONE_BITS 0x3f800000u  // bits of 1.0f, the largest e
@@ -135,6 +140,20 @@ __device__ int greedy(const float* z, int V, Scratch& s) {
     ArgMax best = {0.0f, -1};
     for (int i = threadIdx.x; i < V; i += blockDim.x) best = better(best, ArgMax{z[i], i});
     return block_argmax(best, s.am).i;
+}
+
+extern "C" __global__ void mask_logits_f32(float* logits, const int* mask, int B, int W, int V) {
+    const int row = blockIdx.x;
+    if (row >= B) return;
+    float* z = logits + (long long)row * V;
+    const int* m = mask + (long long)row * W;
+    for (int w = threadIdx.x; w < W; w += blockDim.x) {
+        const u32 word = (u32)m[w];
+        if (word == 0xffffffffu) continue;
+        const int base = w * 32, top = min(32, V - base);
+        for (int j = 0; j < top; ++j)
+            if (!((word >> j) & 1u)) z[base + j] = neg_inf();
+    }
 }
 
 extern "C" __global__ void sampling_f32(const float* logits, const float* temperature,

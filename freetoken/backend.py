@@ -95,15 +95,16 @@ def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
 
     import numpy as np
     result = _RESULTS.get(op)
-    arity = len(inspect.signature(gpu_fn).parameters)
+    arity = sum(p.kind != p.KEYWORD_ONLY for p in inspect.signature(gpu_fn).parameters.values())
 
-    def call(*args, out=None):
+    def call(*args, out=None, **kw):
         if result is not None and len(args) == arity:
             args, out = args[:-1], args[-1]
         args = tuple(xp.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+        kw = {k: xp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
         if result is None:                      # kv_write: the caches are the outputs
-            return gpu_fn(*args)
-        return gpu_fn(*args, out if out is not None else result(xp, *args))
+            return gpu_fn(*args, **kw)
+        return gpu_fn(*args, out if out is not None else result(xp, *args), **kw)
     call.__name__, call.__doc__ = f"{op}_gpu", gpu_fn.__doc__
     return call
 

@@ -13,7 +13,7 @@ from freetoken.config import EngineConfig
 from freetoken.engine.gpu_budget import context_len
 from freetoken.engine.kv_pool import KVPool
 from freetoken.engine.radix import RadixCache
-from freetoken.engine.request import Request, SamplingParams, Status
+from freetoken.engine.request import InvalidRequest, Request, SamplingParams, Status
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
 from freetoken.log import logger
@@ -64,6 +64,7 @@ class EngineCore:
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
+        self._grammars = None            # grammar.Grammars, built on the first constrained request
         self.warmup()
 
     def warmup(self) -> None:
@@ -192,9 +193,26 @@ class EngineCore:
 
     # --- requests -------------------------------------------------------------------------
 
+    @property
+    def grammars(self):
+        """The model's grammar.Grammars (the llguidance tokenizer is built on first use)."""
+        if self._grammars is None:
+            from freetoken.grammar import Grammars
+            self._grammars = Grammars(self.tokenizer.to_json(), self.model_config.vocab_size,
+                                      self.tokenizer.stop_token_ids)
+        return self._grammars
+
     def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:
+        matcher = None
+        if params.grammar is not None:
+            from freetoken.grammar import GrammarError, GrammarUnavailable
+            try:
+                matcher = self.grammars.matcher(params.grammar)
+            except (GrammarError, GrammarUnavailable) as e:
+                raise InvalidRequest(str(e)) from None
         seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
-        req = Request(prompt_ids=list(prompt_ids), params=params, rng=np.random.default_rng(seed))
+        req = Request(prompt_ids=list(prompt_ids), params=params, rng=np.random.default_rng(seed),
+                      matcher=matcher)
         if rid is not None:
             req.rid = rid
         self.scheduler.add(req)
@@ -241,9 +259,14 @@ class EngineCore:
         req.output_ids.append(token)
         stream = self._streams[req.rid]
         stop_id = token in req.params.stop_token_ids or (token in self.eos_ids and not req.params.ignore_eos)
+        grammar_done = False
+        if req.matcher is not None:     # the mask allowed the token, so the grammar takes it
+            req.matcher.consume(token)
+            grammar_done = req.matcher.stopped     # only the end may follow (or it was the end)
+            stop_id = stop_id or (grammar_done and token in self.eos_ids)
         text = "" if stop_id else stream.push(token)
         reason = None
-        if stop_id or stream.stopped_by is not None:
+        if stop_id or grammar_done or stream.stopped_by is not None:
             reason = "stop"
         elif len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.scheduler.budget(req):
             reason = "length"

@@ -27,6 +27,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    grammar: str | None = None      # Lark text (freetoken/grammar.py): the output is constrained to it
 
     def __post_init__(self):
         checks = [
@@ -38,6 +39,8 @@ class SamplingParams:
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
             (self.seed is None or isinstance(self.seed, int), "seed must be an integer"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (self.grammar is None or isinstance(self.grammar, str) and self.grammar.strip(),
+             "grammar must be non-empty Lark text"),
         ]
         for ok, message in checks:
             if not ok:
@@ -70,6 +73,7 @@ class Request:
     text: str = ""               # detokenized output so far (stop strings excluded)
     lock_node: object = None     # radix node of the reused prefix, locked while running
     metrics: dict = field(default_factory=dict)
+    matcher: object = None       # grammar.Matcher when params.grammar is set
 
     @property
     def all_ids(self) -> list[int]:

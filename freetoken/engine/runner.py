@@ -37,8 +37,20 @@ def sample(ops, logits, requests) -> np.ndarray:
     uniforms = f32([r.rng.random() for r in requests])
     tokens = ops.sampling(
         logits, f32([x.temperature for x in p]), np.asarray([max(x.top_k, 0) for x in p], np.int32),
-        f32([x.top_p for x in p]), f32([x.min_p for x in p]), uniforms)
+        f32([x.top_p for x in p]), f32([x.min_p for x in p]), uniforms, **_mask(logits, requests))
     return np.asarray(ops.to_host(tokens), dtype=np.int64)
+
+
+def _mask(logits, requests) -> dict:
+    """{"mask": int32[B, ceil(V/32)]} when a request is constrained (its matcher writes its row,
+    the others stay all -1), else {} so the op runs exactly as without grammars."""
+    if all(r.matcher is None for r in requests):
+        return {}
+    mask = np.full((len(requests), (logits.shape[1] + 31) // 32), -1, np.int32)
+    for b, r in enumerate(requests):
+        if r.matcher is not None:
+            r.matcher.fill(mask[b])
+    return {"mask": mask}
 
 
 def run_step(forward, ops, schedule, alloc):

@@ -6,8 +6,14 @@ order tokens by p descending (ties -> lower id); keep the first top_k (<= 0: all
 renormalise them; keep the shortest prefix whose mass reaches top_p (token i stays while the mass
 before it is < top_p; top_p <= 0 or >= 1: all); drop p < min_p * p_max; drop p == 0; renormalise;
 return the first token whose cumulative probability exceeds the row's uniform u in [0, 1).
+
+Optional ``mask`` int32[B, ceil(V/32)] (constrained decoding): bit ``t & 31`` of word ``t >> 5``
+set means token t is allowed. Disallowed tokens get logit -inf before everything above, so greedy
+is the masked argmax and sampling draws from the masked distribution. A row of all -1 words is
+unconstrained. Every masked row must allow at least one token (the grammar's stop token at least).
 """
 import numpy as np
+from numba import njit
 
 FIRST_PREFIX = 64  # cpu: sorted candidates tried first; typical LLM rows decide within these
 
@@ -41,10 +47,18 @@ def _ref_row(z, temperature, top_k, top_p, min_p, u):
     return int(order[_pick(q, u)])
 
 
-def ref(logits, temperature, top_k, top_p, min_p, uniforms, out=None):
+def allowed_ref(mask, V):
+    """bool[B, V] from the bitmask int32[B, ceil(V/32)] (little-endian bit order)."""
+    m = np.ascontiguousarray(mask, dtype="<i4")
+    return np.unpackbits(m.view(np.uint8), axis=1, bitorder="little")[:, :V].astype(bool)
+
+
+def ref(logits, temperature, top_k, top_p, min_p, uniforms, out=None, *, mask=None):
     """logits f32[B,V], temperature f32[B], top_k int32[B], top_p f32[B], min_p f32[B],
-    uniforms f32[B] -> int32[B]."""
+    uniforms f32[B] (, mask int32[B, ceil(V/32)] or None) -> int32[B]."""
     B = logits.shape[0]
+    if mask is not None:
+        logits = np.where(allowed_ref(mask, logits.shape[1]), logits, np.float32(-np.inf)).astype(np.float32)
     out = np.empty(B, np.int32) if out is None else out
     for b in range(B):
         out[b] = _ref_row(logits[b], temperature[b], top_k[b], top_p[b], min_p[b], uniforms[b])
@@ -94,12 +108,43 @@ def _cpu_row(z, temperature, top_k, top_p, min_p, u):
         m *= 4
 
 
-def cpu(logits, temperature, top_k, top_p, min_p, uniforms, out=None):
-    """Same contract as ``ref``; avoids the full vocabulary sort (milliseconds at V = 150k)."""
-    B = logits.shape[0]
+@njit(cache=True, nogil=True)
+def _allowed_ids(words, V, ids):
+    """Write the allowed token ids of one mask row into ids (ascending), word at a time (all-ones
+    words are copied as a run, all-zero words skipped); returns how many."""
+    n = 0
+    for w in range(words.shape[0]):
+        word = words[w]
+        if word == 0:
+            continue
+        base = w * 32
+        top = min(32, V - base)
+        if word == -1:
+            for j in range(top):
+                ids[n + j] = base + j
+            n += top
+            continue
+        for j in range(top):
+            if (word >> j) & 1:
+                ids[n] = base + j
+                n += 1
+    return n
+
+
+def cpu(logits, temperature, top_k, top_p, min_p, uniforms, out=None, *, mask=None):
+    """Same contract as ``ref``; avoids the full vocabulary sort (milliseconds at V = 150k). A
+    masked row is sampled over its allowed tokens only (ascending ids, so the tie order holds)."""
+    B, V = logits.shape
     out = np.empty(B, np.int32) if out is None else out
+    ids = np.empty(V, np.int64) if mask is not None else None
     for b in range(B):
-        out[b] = _cpu_row(logits[b], temperature[b], top_k[b], top_p[b], min_p[b], uniforms[b])
+        z, keep = logits[b], None
+        if mask is not None and not (mask[b] == -1).all():
+            n = _allowed_ids(mask[b], V, ids)
+            keep = ids[:n]
+            z = z[keep]
+        t = _cpu_row(z, temperature[b], top_k[b], top_p[b], min_p[b], uniforms[b])
+        out[b] = t if keep is None else keep[t]
     return out
 
 
@@ -108,15 +153,23 @@ def cpu(logits, temperature, top_k, top_p, min_p, uniforms, out=None):
 ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
     "sampling_f32": ("logits:f32*", "temperature:f32*", "top_k:i32*", "top_p:f32*", "min_p:f32*",
                      "uniforms:f32*", "out:i32*", "B:i32", "V:i32"),
+    "mask_logits_f32": ("logits:f32*", "mask:i32*", "B:i32", "W:i32", "V:i32"),
 }
 
 
-def gpu(logits, temperature, top_k, top_p, min_p, uniforms, out):
+def gpu(logits, temperature, top_k, top_p, min_p, uniforms, out, *, mask=None):
     """Same contract as ``ref`` on CuPy arrays (parameters are device arrays [B], so one
     captured graph serves every mix of requests); ``out`` int32[B] is required. Sort-free: see
-    the header of cuda/sampling.cu."""
+    the header of cuda/sampling.cu. With a mask, the logits are copied and mask_logits_f32 sets
+    the disallowed ones to -inf first (all -1 words are skipped); without one nothing changes."""
     from freetoken.kernels import _cuda
     B, V = logits.shape
+    if mask is not None:
+        W = (V + 31) // 32
+        assert mask.shape == (B, W), (mask.shape, B, W)
+        logits = logits.copy()
+        margs = _cuda.bind(ARGS["mask_logits_f32"], logits=logits, mask=mask, B=B, W=W, V=V)
+        _cuda.launch(_cuda.kernel("sampling", "mask_logits_f32"), (B,), (_cuda.threads(W),), margs)
     for name, a in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
                     ("min_p", min_p), ("uniforms", uniforms), ("out", out)):
         assert a.shape == (B,), (name, a.shape, B)

@@ -12,7 +12,8 @@ from freetoken.server.errors import APIError, error_body
 from freetoken.server.generation import (Done, GenerationError, GenSpec, Generation, Ping, Reasoning, Text,
                                          ToolCall, Usage, cancel_on_disconnect, chat_spec, check_prompt)
 from freetoken.server.messages import openai_conversation
-from freetoken.server.protocol import Body, sampling, stop_strings, template_kwargs
+from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, stop_strings,
+                                       template_kwargs)
 from freetoken.server.state import new_id, read_json
 
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -32,7 +33,7 @@ async def chat_completions(request: Request) -> Response:
     body = Body(await read_json(request, state.config.max_body_bytes))
     body.only(CHAT_FIELDS)
     _common(body, state)
-    body.default_only("response_format", ({"type": "text"},), "other than {\"type\": \"text\"} is not supported")
+    grammar, what = _response_format(body)
     body.default_only("modalities", (["text"],), "other than [\"text\"] is not supported")
     body.bool("parallel_tool_calls", None)
     for key in ("audio", "prediction", "functions", "function_call", "web_search_options"):
@@ -46,6 +47,7 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = max_tokens if max_tokens is not None else body.int("max_tokens", None, lo=1)
     params = sampling(body, state.limits(), max_tokens=max_tokens, stop=stop_strings(body, "stop"),
                       temperature_max=2.0)
+    params = constrained(params, grammar, what, "response_format")
     stream, include_usage = _stream_flags(body)
     spec = await chat_spec(state, conv, params, kwargs, max_tokens_given=max_tokens is not None)
     gen = Generation(state, spec, "/v1/chat/completions", new_id("chatcmpl-"))
@@ -128,6 +130,27 @@ def _common(body: Body, state) -> None:
         body.str(key, None)
     body.obj("metadata", None)
     body.bool("store", None)
+
+
+def _response_format(body: Body) -> tuple[str | None, str]:
+    """(the grammar of `response_format`, or None for text; its description for errors)."""
+    fmt = body.obj("response_format", None)
+    if fmt is None:
+        return None, "response_format"
+    kind = fmt.str("type", choices=("text", "json_object", "json_schema"))
+    schema = None
+    if kind == "json_schema":
+        fmt.only({"type", "json_schema"})
+        spec = fmt.obj("json_schema")
+        spec.only({"name", "schema", "description", "strict"})
+        spec.str("name", nonempty=True, max_len=64)
+        spec.str("description", None)
+        spec.bool("strict", None)
+        given = spec.obj("schema", None)
+        schema = None if given is None else given.data
+    else:
+        fmt.only({"type"})
+    return json_format_grammar(kind, schema), f"response_format {kind}"
 
 
 def _stream_flags(body: Body) -> tuple[bool, bool]:

@@ -5,7 +5,7 @@ absent. Errors are APIError(400) naming the field (``param``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from freetoken.engine.request import InvalidRequest, SamplingParams
 from freetoken.server.errors import APIError
@@ -160,6 +160,29 @@ def sampling(body: Body, limits: Limits, *, max_tokens: int | None, stop: tuple[
             ignore_eos=body.bool("ignore_eos", False))
     except InvalidRequest as e:
         raise APIError(400, str(e)) from None
+
+
+def constrained(params: SamplingParams, grammar: str | None, what: str, param: str) -> SamplingParams:
+    """params with the output constrained to ``grammar`` (Lark text; None: unchanged); a 400 that
+    names the extra when llguidance is not installed. ``what`` names the request field."""
+    if grammar is None:
+        return params
+    from freetoken import grammar as g
+    if not g.available():
+        raise APIError(400, f"{what} needs constrained decoding, which is not installed: {g.INSTALL_HINT}",
+                       param=param)
+    return replace(params, grammar=grammar)
+
+
+def json_format_grammar(kind: str, schema: dict | None) -> str | None:
+    """The grammar of a structured-output format: text -> None, json_object -> any JSON object,
+    json_schema -> a JSON value matching the schema (none given: any JSON value)."""
+    from freetoken.grammar import json_grammar
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_grammar(None)
+    return json_grammar(schema if schema is not None else {})
 
 
 def template_kwargs(body: Body, key: str = "chat_template_kwargs") -> dict:

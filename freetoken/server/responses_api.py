@@ -21,7 +21,7 @@ from freetoken.server import sse
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
 from freetoken.server.messages import Conversation
-from freetoken.server.protocol import Body, sampling, template_kwargs
+from freetoken.server.protocol import Body, constrained, json_format_grammar, sampling, template_kwargs
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
                                               tool_choice, with_instructions)
 from freetoken.server.responses_output import Output, usage
@@ -98,7 +98,7 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     _check_fields(body)
     kwargs = template_kwargs(body)
     reasoning = _reasoning(body, kwargs)
-    text, note, warning = _text_format(body, rid)
+    text, note, warning, grammar = _text_format(body, rid)
     tools, tools_echo = function_tools(body, rid)
     choice = tool_choice(body, tools)
     history = _history(body, store)
@@ -106,6 +106,7 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     system = "\n\n".join(s for s in (instructions, note) if s)
     params = sampling(body, state.limits(), max_tokens=body.int("max_output_tokens", None, lo=1), stop=(),
                       temperature_max=2.0)
+    params = constrained(params, grammar, f"text.format {text['format']['type']}", "text.format")
     stored = body.bool("store", True)
     head = {"id": rid, "object": "response", "created_at": int(time.time()), "model": model,
             "instructions": instructions, "max_output_tokens": body.data.get("max_output_tokens"),
@@ -159,19 +160,22 @@ def _reasoning(body: Body, kwargs: dict) -> dict:
     return {"effort": effort, "summary": summary}
 
 
-def _text_format(body: Body, rid: str) -> tuple[dict, str | None, str | None]:
-    """(the `text` to echo, a note for the instructions and a warning when JSON was asked for).
+def _text_format(body: Body, rid: str) -> tuple[dict, str | None, str | None, str | None]:
+    """(the `text` to echo, a note for the instructions, a warning, the grammar to enforce).
 
-    JSON formats are accepted but not enforced (no constrained decoding yet): the schema goes into
-    the instructions, and the response header `x-freetoken-warning` and the log say so.
+    JSON formats are enforced by constrained decoding (freetoken/grammar.py) and the schema also
+    goes into the instructions. Without the `grammar` extra they are accepted but not enforced:
+    the response header `x-freetoken-warning` and the log say so (clients such as
+    `codex exec --output-schema` keep working).
     """
+    from freetoken import grammar as g
     text = body.obj("text", None) or Body({}, "text")
     text.only({"format", "verbosity"})
     verbosity = text.str("verbosity", None, choices=("low", "medium", "high"))
     fmt = text.obj("format", None) or Body({"type": "text"}, "text.format")
     kind = fmt.str("type", choices=("text", "json_object", "json_schema"))
     if kind == "text":
-        return {"format": {"type": "text"}, "verbosity": verbosity}, None, None
+        return {"format": {"type": "text"}, "verbosity": verbosity}, None, None, None
     echo = {"type": kind}
     note = "Answer with a single JSON object and nothing else."
     if kind == "json_schema":
@@ -180,9 +184,13 @@ def _text_format(body: Body, rid: str) -> tuple[dict, str | None, str | None]:
                     description=fmt.str("description", None), strict=fmt.bool("strict", None))
         note = (f"Answer with a single JSON value that matches the JSON schema {echo['name']!r}, and nothing "
                 f"else:\n{json.dumps(echo['schema'], ensure_ascii=False)}")
-    warning = f"text.format {kind} is not enforced (no constrained decoding yet); it was added to the instructions"
+    text = {"format": echo, "verbosity": verbosity}
+    if g.available():
+        return text, note, None, json_format_grammar(kind, echo.get("schema"))
+    warning = (f"text.format {kind} is not enforced (constrained decoding is not installed: {g.INSTALL_HINT}); "
+               "it was added to the instructions")
     logger.warning("%s: %s", rid, warning)
-    return {"format": echo, "verbosity": verbosity}, note, warning
+    return text, note, warning, None
 
 
 def _history(body: Body, store: ResponseStore) -> list[dict]:

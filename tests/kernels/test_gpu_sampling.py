@@ -84,3 +84,28 @@ def test_gpu_uniform_extremes_and_underflow():
     logits[:, :10] = 200.0                      # e = exp(-200) underflows for the rest at T = 1
     u = np.array([0.0, 0.99999994, 0.5, 0.99999994], np.float32)
     _check(logits, np.ones(4), np.zeros(4), np.ones(4), np.zeros(4), u)
+
+
+def test_gpu_with_a_mask():
+    """Masked rows (and unconstrained all -1 rows beside them) against ref with the same mask."""
+    from tests.kernels.test_sampling import pack
+    cp = load_cupy()
+    rng = np.random.default_rng(11)
+    B, V = 12, 4099
+    logits = (rng.standard_normal((B, V)) * 4).astype(np.float32)
+    density = rng.choice([1.0 / V, 0.01, 0.5, 1.0], B)
+    allowed = rng.random((B, V)) < density[:, None]
+    allowed[np.arange(B), rng.integers(0, V, B)] = True
+    mask = pack(allowed)
+    params = [np.asarray(a, dt) for a, dt in zip(_params(rng, B), (np.float32, np.int32, np.float32,
+                                                                   np.float32, np.float32))]
+    out = cp.full(B, -7, cp.int32)
+    dev_logits = cp.asarray(logits)
+    sampling.gpu(dev_logits, *[cp.asarray(a) for a in params], out, mask=cp.asarray(mask))
+    got = out.get()
+    np.testing.assert_array_equal(dev_logits.get(), logits)          # the caller's logits untouched
+    assert allowed[np.arange(B), got].all()
+    expect = sampling.ref(logits, *params, mask=mask)
+    masked = np.where(allowed, logits, -np.inf).astype(np.float32)
+    for b in np.flatnonzero(got != expect):
+        assert got[b] in _accepted(masked[b], *[a[b] for a in params]), (b, got[b], expect[b])

@@ -86,3 +86,64 @@ def test_cpu_matches_ref_on_random_rows(V):
         np.testing.assert_array_equal(sampling.cpu(*args), sampling.ref(*args))
         out = np.empty(B, np.int32)
         assert sampling.cpu(*args, out=out) is out
+
+
+# --- allowed-token mask (constrained decoding) ---
+
+def pack(allowed):
+    """bool[B, V] -> the int32[B, ceil(V/32)] bitmask (bit t & 31 of word t >> 5)."""
+    B, V = allowed.shape
+    padded = np.zeros((B, (V + 31) // 32 * 32), bool)
+    padded[:, :V] = allowed
+    return np.packbits(padded, axis=1, bitorder="little").view("<i4").astype(np.int32)
+
+
+def test_mask_bit_layout():
+    allowed = np.zeros((1, 70), bool)
+    allowed[0, [0, 31, 32, 69]] = True
+    m = pack(allowed)
+    assert m.shape == (1, 3) and m[0, 0] == np.int32(1 | (1 << 31) - (1 << 32)) and m[0, 1] == 1
+    assert m[0, 2] == 1 << 5
+    np.testing.assert_array_equal(sampling.allowed_ref(m, 70), allowed)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mask_restricts_greedy_and_sampling(impl):
+    rng = np.random.default_rng(1)
+    B, V = 6, 100
+    logits = rng.standard_normal((B, V)).astype(np.float32)
+    allowed = np.zeros((B, V), bool)
+    allowed[:, [5, 17, 64, 99]] = True
+    allowed[2] = True                                      # an unconstrained row (all -1)
+    mask = pack(allowed)
+    col = lambda v, dt: np.full(B, v, dt)                  # noqa: E731
+    for t in (0.0, 1.0, 3.0):
+        for u in np.linspace(0, 0.999, 9):
+            got = impl(logits, col(t, np.float32), col(0, np.int32), col(1.0, np.float32),
+                       col(0.0, np.float32), col(u, np.float32), mask=mask)
+            assert all(allowed[b, got[b]] for b in range(B))
+    greedy = impl(logits, col(0.0, np.float32), col(0, np.int32), col(1.0, np.float32),
+                  col(0.0, np.float32), col(0.5, np.float32), mask=mask)
+    masked = np.where(allowed, logits, -np.inf)
+    np.testing.assert_array_equal(greedy, masked.argmax(1))
+
+
+@pytest.mark.parametrize("V", [33, 4096, 40000])
+def test_cpu_matches_ref_with_a_mask(V):
+    rng = np.random.default_rng(V)
+    B = 24
+    logits = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    density = rng.choice([1.0 / V, 0.01, 0.5, 0.94, 1.0], B)
+    allowed = rng.random((B, V)) < density[:, None]
+    allowed[np.arange(B), rng.integers(0, V, B)] = True    # at least one allowed token per row
+    mask = pack(allowed)
+    params = (rng.choice([0.0, 0.7, 1.0, 2.0], B).astype(np.float32),
+              rng.choice([0, 1, 5, 50], B).astype(np.int32),
+              rng.choice([0.5, 0.9, 1.0], B).astype(np.float32),
+              rng.choice([0.0, 0.05], B).astype(np.float32), rng.random(B).astype(np.float32))
+    expect = sampling.ref(logits, *params, mask=mask)
+    np.testing.assert_array_equal(sampling.cpu(logits, *params, mask=mask), expect)
+    assert allowed[np.arange(B), expect].all()
+    # no mask and an all-ones mask are the unmasked op
+    ones = np.full_like(mask, -1)
+    np.testing.assert_array_equal(sampling.cpu(logits, *params, mask=ones), sampling.cpu(logits, *params))

@@ -181,11 +181,17 @@ def test_tool_choice(client):
     assert r.output[-1].type == "function_call" and r.tool_choice.name == "get_weather"
 
 
-def test_json_schema_accepted_not_enforced(client):
+def test_json_schema_in_the_instructions(client, monkeypatch):
+    """The schema goes into the instructions; enforced (no warning) with the grammar extra, else
+    accepted with an x-freetoken-warning header (the engine side is test_structured_output.py)."""
+    from freetoken import grammar
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
-    raw = client.responses.with_raw_response.create(
-        model=MODEL, input="ECHO", text={"format": {"type": "json_schema", "name": "count", "schema": schema}})
-    assert "not enforced" in raw.headers["x-freetoken-warning"]
+    for installed in (True, False):
+        monkeypatch.setattr(grammar, "available", lambda: installed)
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, input="ECHO", text={"format": {"type": "json_schema", "name": "count", "schema": schema}})
+        warning = raw.headers.get("x-freetoken-warning")
+        assert warning is None if installed else "not enforced" in warning and "freetoken[grammar]" in warning
     r = raw.parse()
     assert r.text.format.type == "json_schema" and r.text.format.name == "count"
     assert json.dumps(schema) in r.output_text                      # the schema went into the instructions

@@ -1,0 +1,109 @@
+"""Constrained decoding (structured output) with llguidance, the optional extra
+``pip install 'freetoken[grammar]'``; the only module that imports it, lazily. See
+docs/constrained-decoding.md.
+
+A grammar is Lark text (llguidance's dialect: ``%json {schema}`` sub-rules, special tokens by
+name such as ``<tool_call>``). ``Grammars`` is one per model: it builds the llguidance tokenizer
+once (on first use) over the logits width, so padding ids past the tokenizer are always masked
+off, with the model's stop ids as end of sequence. ``Matcher`` is one per request: it writes its
+row of the allowed-token bitmask (int32, bit t & 31 of word t >> 5, the sampling op's layout) and
+is advanced with each sampled token.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+INSTALL_HINT = "pip install 'freetoken[grammar]'"
+
+
+class GrammarUnavailable(RuntimeError):
+    """llguidance is not installed."""
+
+
+class GrammarError(ValueError):
+    """The grammar (or JSON schema) does not compile; the message quotes llguidance."""
+
+
+def available() -> bool:
+    try:
+        _llg()
+    except GrammarUnavailable:
+        return False
+    return True
+
+
+def _llg():
+    try:
+        import llguidance
+    except ImportError:
+        raise GrammarUnavailable(f"constrained decoding is not installed: {INSTALL_HINT}") from None
+    return llguidance
+
+
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def json_grammar(schema: dict | None = None) -> str:
+    """Lark text for one JSON value matching ``schema``; None means any JSON object. The layout is
+    fixed to json.dumps' (", " and ": ", no other whitespace): a free-whitespace grammar lets a
+    weak model spend its whole budget on newlines. A schema's own "x-guidance" options win."""
+    schema = {"type": "object"} if schema is None else dict(schema)
+    schema["x-guidance"] = {**COMPACT, **(schema.get("x-guidance") or {})}
+    return "start: %json " + json.dumps(schema, separators=(",", ":")) + "\n"
+
+
+class Grammars:
+    """Per model: the llguidance tokenizer (built once, lazily, thread-safe) and matchers."""
+
+    def __init__(self, tokenizer_json: str, n_vocab: int, stop_ids):
+        self._json, self.n_vocab, self.stop_ids = tokenizer_json, int(n_vocab), sorted(stop_ids)
+        self._tok = None
+        self._lock = threading.Lock()
+
+    @property
+    def words(self) -> int:
+        """int32 words in one mask row: ceil(n_vocab / 32)."""
+        return (self.n_vocab + 31) // 32
+
+    def tokenizer(self):
+        with self._lock:
+            if self._tok is None:
+                llg = _llg()
+                self._tok = llg.LLTokenizer(self._json, n_vocab=self.n_vocab, eos_token=self.stop_ids[0]
+                                            if len(self.stop_ids) == 1 else self.stop_ids)
+            return self._tok
+
+    def matcher(self, grammar: str) -> "Matcher":
+        """A fresh matcher for Lark text; GrammarError when it does not compile."""
+        llg = _llg()
+        m = llg.LLMatcher(self.tokenizer(), grammar, log_level=0)
+        if m.is_error():
+            raise GrammarError(f"grammar: {m.get_error()}")
+        return Matcher(m, self.words)
+
+
+class Matcher:
+    """One request's grammar state."""
+
+    def __init__(self, m, words: int):
+        self._m, self.words = m, words
+
+    def fill(self, row) -> None:
+        """Write the allowed-token bitmask into ``row`` (int32[words], C-contiguous numpy)."""
+        assert row.shape == (self.words,) and row.flags.c_contiguous and row.dtype.itemsize == 4
+        self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+    def consume(self, token: int) -> bool:
+        """Advance by the sampled token; False when the grammar rejects it (should not happen
+        with its own mask applied)."""
+        return bool(self._m.consume_token(int(token)))
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is finished: nothing but the end may follow (or it consumed the end)."""
+        return bool(self._m.is_stopped())
+
+    @property
+    def error(self) -> str | None:
+        return self._m.get_error() if self._m.is_error() else None

@@ -1,0 +1,84 @@
+"""Structured output enforced by constrained decoding (llguidance, the `grammar` extra), end to end:
+the official openai SDK against `python -m freetoken serve` on the packaged demo model. The tiny
+model writes code-like garbage unconstrained, so valid JSON here is the grammar's doing (the
+unconstrained control request shows it)."""
+import json
+
+import httpx
+import openai
+import pytest
+from server_helpers import MODEL, ServerProcess
+
+pytest.importorskip("llguidance", reason="constrained decoding needs the grammar extra: pip install 'freetoken[grammar]'")
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "kind": {"enum": ["cat", "dog"]}},
+          "required": ["name", "age", "kind"], "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA, "strict": True}}
+ASK = [{"role": "user", "content": "Describe a pet as JSON."}]
+
+
+def valid(text: str) -> bool:
+    """json.loads(text) matches SCHEMA (checked by hand: no jsonschema dependency)."""
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return False
+    return (isinstance(v, dict) and set(v) == {"name", "age", "kind"} and isinstance(v["name"], str)
+            and len(v["name"]) <= 12 and type(v["age"]) is int and 0 <= v["age"] <= 120
+            and v["kind"] in ("cat", "dog"))
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = ServerProcess("--max-running-requests", "4")
+    yield proc
+    log = "".join(proc.stderr_lines)
+    assert proc.stop() == 0, log[-3000:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def oa(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_json_schema_is_enforced_and_the_control_is_not_json(oa):
+    control = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0)
+    assert not valid(control.choices[0].message.content)            # unconstrained: not the schema
+    for temperature, seed in ((0, None), (1.0, 1), (1.0, 2), (1.5, 3)):
+        r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=temperature,
+                                       seed=seed, response_format=FORMAT)
+        text = r.choices[0].message.content
+        assert valid(text), (temperature, text)
+        assert r.choices[0].finish_reason == "stop"                  # the grammar ended it
+
+
+def test_json_object_and_streaming(oa):
+    r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=80, temperature=0,
+                                   response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:                                                           # cut by max_tokens: a JSON prefix
+        assert r.choices[0].message.content.startswith("{")
+    stream = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=1.0, seed=5,
+                                        response_format=FORMAT, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert valid(text), text
+
+
+def test_responses_text_format_is_enforced(server, oa):
+    raw = oa.responses.with_raw_response.create(
+        model=MODEL, input="Describe a pet.", max_output_tokens=60, temperature=0,
+        text={"format": {"type": "json_schema", "name": "pet", "schema": SCHEMA}})
+    assert "x-freetoken-warning" not in raw.headers
+    r = raw.parse()
+    assert valid(r.output_text), r.output_text and r.status == "completed"
+
+
+def test_a_schema_that_does_not_compile_is_a_400(server):
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 5,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": 5}}}}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and "schema" in r.json()["error"]["message"], r.text
