@@ -1,0 +1,81 @@
+"""Decode tok/s on the demo model with and without a JSON-schema constraint (constrained decoding,
+freetoken/grammar.py); pairs: docs/performance.md "Constrained decoding".
+
+    python bench/decode_constrained.py [--tokens 128] [--batch 1,4] [--repeats 3]
+        [--out bench/results/decode_constrained.json]
+
+Needs the grammar extra (pip install 'freetoken[grammar]'). Each row is `batch` identical-shape
+requests of `tokens` output tokens at temperature 1 (seeded): unconstrained with ignore_eos, and
+constrained to a schema whose one string field is long enough (minLength) that the grammar never
+ends before max_tokens, so both rows decode the same number of tokens. Decode tok/s =
+batch * (tokens - 1) / (time of the whole run - time of a 1-token run), best of --repeats
+(the two kinds interleaved, so load on a shared machine hits both alike).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
+                                           "body": {"type": "string", "minLength": 2000},
+                                           "n": {"type": "integer"}},
+          "required": ["title", "body", "n"], "additionalProperties": False}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--batch", default="1,4")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/decode_constrained.json")
+    args = ap.parse_args()
+    from freetoken import LLM, SamplingParams
+    from freetoken.grammar import json_grammar
+    llm = LLM(backend="cpu")
+    grammar = json_grammar(SCHEMA)
+    prompt = "Write a JSON document:"
+
+    def run(batch, tokens, constrained):
+        params = [SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True,
+                                 grammar=grammar if constrained else None) for i in range(batch)]
+        t0 = time.perf_counter()
+        outs = [llm.core.add_request(llm.encode_prompt(prompt), p) for p in params]
+        while any(r.finish_reason is None for r in outs):
+            llm.core.step()
+        dt = time.perf_counter() - t0
+        assert all(len(r.output_ids) == tokens for r in outs), [len(r.output_ids) for r in outs]
+        return dt
+
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        best = {}
+        for constrained in (False, True):
+            run(batch, 4, constrained)                         # warm (grammar tokenizer, JIT)
+        for _ in range(args.repeats):                          # interleaved: load hits both alike
+            for constrained in (False, True):
+                full, first = run(batch, args.tokens, constrained), run(batch, 1, constrained)
+                best[constrained] = min(best.get(constrained, float("inf")), full - first)
+        for constrained in (False, True):
+            rate = batch * (args.tokens - 1) / best[constrained]
+            rows.append({"batch": batch, "constraint": "json_schema" if constrained else "none",
+                         "tokens": args.tokens, "decode_tok_s": round(rate, 1),
+                         "ms_per_step": round(1000 * best[constrained] / (args.tokens - 1), 3)})
+    base = {r["batch"]: r["decode_tok_s"] for r in rows if r["constraint"] == "none"}
+    print("| batch | constraint | decode tok/s | ms / step | vs none |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['batch']} | {r['constraint']} | {r['decode_tok_s']} | {r['ms_per_step']} | "
+              f"{r['decode_tok_s'] / base[r['batch']]:.3f} |")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    result = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
+              "model": "tiny-coder-moe (demo)", "schema": SCHEMA, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
