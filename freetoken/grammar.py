@@ -53,6 +53,15 @@ def json_grammar(schema: dict | None = None) -> str:
     return "start: %json " + json.dumps(schema, separators=(",", ":")) + "\n"
 
 
+def after_open_thought(grammar: str, close_token: str = "</think>") -> str:
+    """``grammar`` (whose rule is ``start``) after a thought the prompt already opened: free text
+    up to the ``</think>`` token, then the blank line Qwen3 writes, then the grammar; the
+    constraint thus does not cut reasoning models short. ``close_token`` must be a special token."""
+    assert grammar.startswith("start:"), grammar[:40]
+    return (f'start: /(.|\\n)*/ {close_token} "\\n\\n" answer\n'
+            + "answer:" + grammar[len("start:"):])
+
+
 class Grammars:
     """Per model: the llguidance tokenizer (built once, lazily, thread-safe) and matchers."""
 

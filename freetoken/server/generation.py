@@ -117,9 +117,14 @@ async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: d
         raise APIError(400, str(e)) from None
     if check:
         params = check_prompt(engine, ids, params, max_tokens_given)
+    think_open = opens_think(text)
+    if params.grammar is not None and think_open and tokenizer.token_to_id(THINK_CLOSE) is not None:
+        from dataclasses import replace
+
+        from freetoken.grammar import after_open_thought
+        params = replace(params, grammar=after_open_thought(params.grammar, THINK_CLOSE))
     parse_tools = state.parse_tools() and conv.tools is not None and conv.choice != "none"
-    return GenSpec(ids, params, conv.tools if parse_tools else None, state.parse_reasoning(),
-                   opens_think(text))
+    return GenSpec(ids, params, conv.tools if parse_tools else None, state.parse_reasoning(), think_open)
 
 
 def opens_think(prompt: str) -> bool:

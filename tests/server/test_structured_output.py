@@ -82,3 +82,20 @@ def test_a_schema_that_does_not_compile_is_a_400(server):
             "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": 5}}}}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and "schema" in r.json()["error"]["message"], r.text
+
+
+def test_grammar_after_a_thought_the_prompt_opened():
+    """A prompt that leaves <think> open (Qwen3 thinking templates): the thought is free text up to
+    </think>, then the blank line, then the JSON; without the close the JSON grammar alone."""
+    from freetoken.demo import packaged_demo_dir
+    from freetoken.grammar import Grammars, after_open_thought, json_grammar
+    from freetoken.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(packaged_demo_dir())
+    grammars = Grammars(tok.to_json(), 4096, tok.stop_token_ids)
+    answer = '{"name": "Rex", "age": 3, "kind": "dog"}'
+    m = grammars.matcher(after_open_thought(json_grammar(SCHEMA)))
+    ids = tok.encode("A dog { maybe } named Rex.") + [tok.token_to_id("</think>")] + tok.encode("\n\n" + answer)
+    assert all(m.consume(t) for t in ids) and m.stopped and m.error is None
+    plain = grammars.matcher(json_grammar(SCHEMA))
+    assert all(plain.consume(t) for t in tok.encode(answer)) and plain.stopped
+    assert not grammars.matcher(json_grammar(SCHEMA)).consume(tok.token_to_id("</think>"))
