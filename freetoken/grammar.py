@@ -53,6 +53,22 @@ def json_grammar(schema: dict | None = None) -> str:
     return "start: %json " + json.dumps(schema, separators=(",", ":")) + "\n"
 
 
+def tool_call_grammar(tools: list[dict], parallel: bool = True) -> str:
+    """Lark text for Qwen3's JSON tool-call form, one or more (``parallel``) of
+    ``<tool_call>\\n{"name": <one of tools>, "arguments": <its parameters>}\\n</tool_call>``
+    (the wrapper tokens are the special tokens). ``tools`` are OpenAI function tools
+    (``{"type": "function", "function": {"name", "parameters"?}}``)."""
+    options = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                 "arguments": t["function"].get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    schema = {"anyOf": options} if len(options) > 1 else options[0]
+    schema["x-guidance"] = dict(COMPACT)
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    return (f"start: {calls}\n"
+            'call: <tool_call> "\\n" args "\\n" </tool_call>\n'
+            "args: %json " + json.dumps(schema, separators=(",", ":")) + "\n")
+
+
 def after_open_thought(grammar: str, close_token: str = "</think>") -> str:
     """``grammar`` (whose rule is ``start``) after a thought the prompt already opened: free text
     up to the ``</think>`` token, then the blank line Qwen3 writes, then the grammar; the

@@ -99,3 +99,29 @@ def test_grammar_after_a_thought_the_prompt_opened():
     plain = grammars.matcher(json_grammar(SCHEMA))
     assert all(plain.consume(t) for t in tok.encode(answer)) and plain.stopped
     assert not grammars.matcher(json_grammar(SCHEMA)).consume(tok.token_to_id("</think>"))
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a text file.",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string", "maxLength": 30}},
+                                                          "required": ["path"], "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "add", "description": "Add two integers.",
+                                           "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                                          "required": ["a", "b"], "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_tool_choice_required_and_named_are_enforced(oa, choice):
+    control = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
+    assert not control.choices[0].message.tool_calls                 # the demo model does not call unforced
+    for seed in (1, 2):
+        r = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=120,
+                                       temperature=1.0, seed=seed, parallel_tool_calls=False)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r.choices[0]
+        args = json.loads(calls[0].function.arguments)
+        if choice != "required":
+            assert calls[0].function.name == "add"
+        if calls[0].function.name == "add":
+            assert set(args) == {"a", "b"} and all(type(v) is int for v in args.values())
+        else:
+            assert calls[0].function.name == "read_file" and set(args) == {"path"}
