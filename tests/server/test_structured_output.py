@@ -125,3 +125,24 @@ def test_tool_choice_required_and_named_are_enforced(oa, choice):
             assert set(args) == {"a", "b"} and all(type(v) is int for v in args.values())
         else:
             assert calls[0].function.name == "read_file" and set(args) == {"path"}
+
+
+def test_without_the_extra_the_error_names_it(monkeypatch):
+    """No llguidance: a constrained request is a 400 (server) / InvalidRequest (engine) that says
+    how to install it."""
+    from freetoken import grammar
+    from freetoken.engine.request import SamplingParams
+    from freetoken.server.errors import APIError
+    from freetoken.server.protocol import constrained
+
+    def missing():
+        raise grammar.GrammarUnavailable(f"constrained decoding is not installed: {grammar.INSTALL_HINT}")
+    monkeypatch.setattr(grammar, "_llg", missing)
+    assert not grammar.available()
+    with pytest.raises(APIError) as e:
+        constrained(SamplingParams(), grammar.json_grammar(), "response_format json_object", "response_format")
+    assert e.value.status == 400 and "pip install 'freetoken[grammar]'" in str(e.value)
+    assert constrained(SamplingParams(), None, "response_format", "response_format").grammar is None
+    g = grammar.Grammars("{}", 4096, [0])
+    with pytest.raises(grammar.GrammarUnavailable, match=r"freetoken\[grammar\]"):
+        g.matcher(grammar.json_grammar())
