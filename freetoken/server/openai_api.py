@@ -13,7 +13,7 @@ from freetoken.server.generation import (Done, GenerationError, GenSpec, Generat
                                          ToolCall, Usage, cancel_on_disconnect, chat_spec, check_prompt)
 from freetoken.server.messages import openai_conversation
 from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, stop_strings,
-                                       template_kwargs)
+                                       template_kwargs, tool_choice_grammar)
 from freetoken.server.state import new_id, read_json
 
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -48,7 +48,7 @@ async def chat_completions(request: Request) -> Response:
     params = sampling(body, state.limits(), max_tokens=max_tokens, stop=stop_strings(body, "stop"),
                       temperature_max=2.0)
     if grammar is None and conv.tools and conv.choice not in ("auto", "none"):
-        grammar, what = _tool_choice_grammar(state, conv, body)
+        grammar, what = tool_choice_grammar(state, conv, body.data.get("parallel_tool_calls") is not False)
     params = constrained(params, grammar, what, what.split()[0])
     stream, include_usage = _stream_flags(body)
     spec = await chat_spec(state, conv, params, kwargs, max_tokens_given=max_tokens is not None)
@@ -132,18 +132,6 @@ def _common(body: Body, state) -> None:
         body.str(key, None)
     body.obj("metadata", None)
     body.bool("store", None)
-
-
-def _tool_choice_grammar(state, conv, body: Body) -> tuple[str | None, str]:
-    """tool_choice `required` / a named function -> the grammar of the model's tool-call form
-    (Qwen3's JSON one) over the offered tools (or the named one). Not enforced (None), as
-    before, without the grammar extra or for a template of another form (Qwen3-Coder's XML)."""
-    from freetoken import grammar as g
-    template = state.ready_engine().tokenizer.chat_template or ""
-    if not g.available() or "<function=" in template:
-        return None, "tool_choice"
-    tools = conv.template_tools
-    return g.tool_call_grammar(tools, parallel=body.data.get("parallel_tool_calls") is not False), "tool_choice"
 
 
 def _response_format(body: Body) -> tuple[str | None, str]:

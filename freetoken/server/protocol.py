@@ -185,6 +185,18 @@ def json_format_grammar(kind: str, schema: dict | None) -> str | None:
     return json_grammar(schema if schema is not None else {})
 
 
+def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
+    """(grammar, field) for a conversation whose tool choice is `required` or a named tool: the
+    model's tool-call form (Qwen3's JSON one) over the tools shown (all, or the named one). None,
+    i.e. not enforced as before, without the grammar extra or for another form (Qwen3-Coder's XML
+    template)."""
+    from freetoken import grammar as g
+    template = state.ready_engine().tokenizer.chat_template or ""
+    if not g.available() or "<function=" in template:
+        return None, "tool_choice"
+    return g.tool_call_grammar(conv.template_tools, parallel=parallel), "tool_choice"
+
+
 def template_kwargs(body: Body, key: str = "chat_template_kwargs") -> dict:
     """Extra chat-template variables (enable_thinking, ...); names the template owns are refused."""
     if not body.has(key):

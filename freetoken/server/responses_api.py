@@ -21,7 +21,8 @@ from freetoken.server import sse
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
 from freetoken.server.messages import Conversation
-from freetoken.server.protocol import Body, constrained, json_format_grammar, sampling, template_kwargs
+from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, template_kwargs,
+                                       tool_choice_grammar)
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
                                               tool_choice, with_instructions)
 from freetoken.server.responses_output import Output, usage
@@ -106,7 +107,11 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     system = "\n\n".join(s for s in (instructions, note) if s)
     params = sampling(body, state.limits(), max_tokens=body.int("max_output_tokens", None, lo=1), stop=(),
                       temperature_max=2.0)
-    params = constrained(params, grammar, f"text.format {text['format']['type']}", "text.format")
+    what = f"text.format {text['format']['type']}"
+    if grammar is None and tools and choice not in ("auto", "none"):
+        grammar, what = tool_choice_grammar(state, Conversation([], tools, choice),
+                                            body.data.get("parallel_tool_calls") is not False)
+    params = constrained(params, grammar, what, what.split()[0])
     stored = body.bool("store", True)
     head = {"id": rid, "object": "response", "created_at": int(time.time()), "model": model,
             "instructions": instructions, "max_output_tokens": body.data.get("max_output_tokens"),

@@ -146,3 +146,17 @@ def test_without_the_extra_the_error_names_it(monkeypatch):
     g = grammar.Grammars("{}", 4096, [0])
     with pytest.raises(grammar.GrammarUnavailable, match=r"freetoken\[grammar\]"):
         g.matcher(grammar.json_grammar())
+
+
+def test_responses_tool_choice_required_is_enforced(oa):
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"]} for t in TOOLS]
+    for choice in ("required", {"type": "function", "name": "read_file"}):
+        r = oa.responses.create(model=MODEL, input="Write Python code.", tools=tools, tool_choice=choice,
+                                max_output_tokens=120, temperature=1.0, parallel_tool_calls=False)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert len(calls) == 1, r.output
+        args = json.loads(calls[0].arguments)
+        assert calls[0].name in ("read_file", "add") and isinstance(args, dict)
+        if choice != "required":
+            assert calls[0].name == "read_file" and set(args) == {"path"}
