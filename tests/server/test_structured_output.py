@@ -160,3 +160,19 @@ def test_responses_tool_choice_required_is_enforced(oa):
         assert calls[0].name in ("read_file", "add") and isinstance(args, dict)
         if choice != "required":
             assert calls[0].name == "read_file" and set(args) == {"path"}
+
+
+def test_anthropic_tool_choice_any_and_tool_are_enforced(server):
+    import anthropic
+    an = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
+    small = {"type": "integer", "minimum": 0, "maximum": 99}    # greedy digits could run to max_tokens
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    tools[1]["input_schema"] = {**tools[1]["input_schema"], "properties": {"a": small, "b": small}}
+    for choice in ({"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "add", "disable_parallel_tool_use": True}):
+        r = an.messages.create(model=MODEL, max_tokens=120, messages=ASK, tools=tools, tool_choice=choice)
+        uses = [b for b in r.content if b.type == "tool_use"]
+        assert r.stop_reason == "tool_use" and len(uses) == 1, r.content
+        assert uses[0].name in ("read_file", "add") and isinstance(uses[0].input, dict)
+        if choice["type"] == "tool":
+            assert uses[0].name == "add" and set(uses[0].input) == {"a", "b"}
