@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from freetoken.log import logger
 from freetoken.server.errors import APIError
-from freetoken.server.messages import (MAX_MESSAGES, MAX_TOOLS, Conversation, _forced, _function, _required,
-                                       _text_parts, _unsupported)
+from freetoken.server.messages import (MAX_MESSAGES, Conversation, _forced, _function, _required, _text_parts,
+                                       _unsupported, parse_tools)
 from freetoken.server.protocol import Body
 
 CLEAR_THINKING = "clear_thinking_20251015"
@@ -112,17 +112,8 @@ def _clear_thinking(messages: list[dict], keep: int) -> None:
 
 
 def _anthropic_tools(body: Body) -> list[dict] | None:
-    tools = body.list("tools", None, max_items=MAX_TOOLS)
-    if not tools:
-        return None
-    out = []
-    for i, t in enumerate(tools):
-        tb = Body(t, f"tools[{i}]")
-        kind = tb.str("type", "custom")
-        if kind != "custom":
-            raise _unsupported(tb.param("type"), f"tool type {kind!r} (server tools)")
-        out.append({"type": "function", "function": _function(tb, tb.data.get("input_schema"), "input_schema")})
-    return out
+    return parse_tools(body, "custom", " (server tools)",
+                       lambda tb: _function(tb, tb.data.get("input_schema"), "input_schema"))
 
 
 def _anthropic_choice(body: Body, tools) -> str:

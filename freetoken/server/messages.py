@@ -110,19 +110,29 @@ def _openai_call(c: Body) -> dict:
             "function": {"name": name, "arguments": _arguments(f.data.get("arguments") or "{}")}}
 
 
-def _openai_tools(body: Body) -> list[dict] | None:
+def parse_tools(body: Body, kind: str, refused: str, function_of) -> list[dict] | None:
+    """`tools` as chat-template function tools; every entry must have type `kind` (the other
+    types are refused as `refused`); function_of(entry Body) -> the function dict."""
     tools = body.list("tools", None, max_items=MAX_TOOLS)
     if not tools:
         return None
     out = []
     for i, t in enumerate(tools):
         tb = Body(t, f"tools[{i}]")
-        kind = tb.str("type", "function")
-        if kind != "function":
-            raise _unsupported(tb.param("type"), f"tool type {kind!r}")
-        f = tb.obj("function")
-        out.append({"type": "function", "function": _function(f, f.data.get("parameters"), "parameters")})
+        got = tb.str("type", kind)
+        if got != kind:
+            raise _unsupported(tb.param("type"), f"tool type {got!r}{refused}")
+        out.append({"type": "function", "function": function_of(tb)})
     return out
+
+
+def _openai_function(tb: Body) -> dict:
+    f = tb.obj("function")
+    return _function(f, f.data.get("parameters"), "parameters")
+
+
+def _openai_tools(body: Body) -> list[dict] | None:
+    return parse_tools(body, "function", "", _openai_function)
 
 
 def _function(f: Body, schema, schema_key: str) -> dict:
