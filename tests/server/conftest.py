@@ -1,9 +1,9 @@
-"""Server test fixtures: the demo tokenizer and a scripted-core server shared per module."""
+"""Server test fixtures: the demo tokenizer, a scripted-core server and a demo-model server per module."""
 from __future__ import annotations
 
 import pytest
 from fake_core import FakeCore
-from server_helpers import ServerThread
+from server_helpers import ServerProcess, ServerThread
 
 from freetoken.demo import packaged_demo_dir
 
@@ -19,3 +19,13 @@ def fake_server(demo_tokenizer):
     server = ServerThread(lambda: FakeCore(demo_tokenizer)).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    """`python -m freetoken serve` on the demo model; it must stop cleanly with no error logged."""
+    proc = ServerProcess("--max-running-requests", "4")
+    yield proc
+    log = "".join(proc.stderr_lines)
+    assert proc.stop() == 0, log[-3000:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]

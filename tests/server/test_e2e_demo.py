@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 from bad_requests import CASES, check_error_shape, send
-from server_helpers import MODEL, ServerProcess, cache_status, check_concurrent_streams, wait_idle
+from server_helpers import MODEL, cache_status, check_concurrent_streams, wait_idle
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a text file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
@@ -17,17 +17,13 @@ ASK = [{"role": "user", "content": "Write Python code."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--max-running-requests", "4")
-    yield proc
-    log = "".join(proc.stderr_lines)
-    assert proc.stop() == 0, log[-3000:]
-    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+def server(demo_server):
+    return demo_server
 
 
 @pytest.fixture(scope="module")
-def oa(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def oa(demo_server):
+    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 @pytest.fixture(scope="module")

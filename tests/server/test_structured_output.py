@@ -7,7 +7,7 @@ import json
 import httpx
 import openai
 import pytest
-from server_helpers import MODEL, ServerProcess
+from server_helpers import MODEL
 
 pytest.importorskip("llguidance", reason="constrained decoding needs the grammar extra: pip install 'freetoken[grammar]'")
 
@@ -31,17 +31,13 @@ def valid(text: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--max-running-requests", "4")
-    yield proc
-    log = "".join(proc.stderr_lines)
-    assert proc.stop() == 0, log[-3000:]
-    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+def server(demo_server):
+    return demo_server
 
 
 @pytest.fixture(scope="module")
-def oa(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def oa(demo_server):
+    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def test_json_schema_is_enforced_and_the_control_is_not_json(oa):
