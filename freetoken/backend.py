@@ -56,14 +56,18 @@ def cuda_unavailable_reason() -> str | None:
         return f"CuPy sees no CUDA device ({type(e).__name__}: {e})"
 
 
+def visible_device() -> str:
+    """Why the cuda backend can run: a real device, or the emulated one (correctness only)."""
+    if emulated():
+        return "the emulated CUDA device (FREETOKEN_CUDA_EMULATE=1: correctness only, timings are the emulator's)"
+    return "a CUDA device is visible"
+
+
 def resolve_backend(name: str) -> tuple[str, str]:
     """'auto' -> ('cuda' or 'cpu', reason); an explicit name is checked and returned."""
     if name == "auto":
         reason = cuda_unavailable_reason()
-        if reason:
-            return "cpu", f"no GPU: {reason}"
-        return "cuda", ("the emulated CUDA device (FREETOKEN_CUDA_EMULATE=1)" if emulated()
-                        else "a CUDA device is visible")
+        return ("cpu", f"no GPU: {reason}") if reason else ("cuda", visible_device())
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; expected auto | {' | '.join(BACKENDS)}")
     if name == "cuda":

@@ -2,7 +2,8 @@
 stand-in of freetoken/cuda_emu (an emulated device that runs cuda/*.cu on the CPU).
 
 Every module that needs CuPy calls ``cupy()`` (or ``cupyx()``) at use, never at import, so
-``import freetoken`` stays light and a process decides real vs emulated once, on first use.
+``import freetoken`` stays light; the variable is read at each call (sys.modules caches the real
+package, so that costs a dict lookup).
 """
 from __future__ import annotations
 

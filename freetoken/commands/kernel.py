@@ -44,14 +44,12 @@ def parse_dims(text: str) -> dict:
 
 def pick_device(requested: str) -> tuple[str, str]:
     """('cuda' | 'cpu', why)."""
-    from freetoken.backend import cuda_unavailable_reason
+    from freetoken.backend import cuda_unavailable_reason, visible_device
     if requested == "cpu":
         return "cpu", "requested"
     reason = cuda_unavailable_reason()
     if reason is None:
-        from freetoken.cupy_loader import emulated
-        return "cuda", ("the emulated CUDA device (FREETOKEN_CUDA_EMULATE=1: correctness only, "
-                        "timings are the emulator's)" if emulated() else "a CUDA device is visible")
+        return "cuda", visible_device()
     if requested == "cuda":
         raise RuntimeError(f"--device cuda: {reason}")
     return "cpu", f"no GPU ({reason}): running the cpu version against ref instead"
@@ -122,10 +120,7 @@ def _ix(index):
 
 
 def _xp(device):
-    if device == "cuda":
-        cupy = load_cupy()
-        return cupy
-    return np
+    return load_cupy() if device == "cuda" else np
 
 
 # --- bench -----------------------------------------------------------------------------------

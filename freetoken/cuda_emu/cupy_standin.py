@@ -38,7 +38,6 @@ from freetoken.cuda_emu.ndarray import _real, ndarray
 from freetoken.cuda_emu.pools import MemoryPointer, UnownedMemory
 
 __version__ = "13.6.0+freetoken-emulated"
-EMULATED = True
 
 for _t in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
            "uint32", "uint64", "bool_", "complex64", "intp", "dtype", "newaxis", "inf", "nan", "pi",
@@ -151,7 +150,7 @@ DEFERRED = ("concatenate", "stack", "hstack", "vstack", "take", "maximum", "mini
             "allclose", "array_equal", "dot", "matmul", "einsum", "count_nonzero", "add",
             "subtract", "multiply", "divide", "negative", "square", "tanh", "sign", "floor",
             "ceil", "round", "logical_and", "logical_or", "logical_not", "equal", "not_equal",
-            "less", "greater", "less_equal", "greater_equal", "bincount_fixed", "broadcast_to",
+            "less", "greater", "less_equal", "greater_equal", "broadcast_to",
             "repeat", "tile", "flip", "expand_dims", "squeeze", "transpose", "mean", "prod")
 SYNCHRONISING = ("unique", "nonzero", "argwhere", "flatnonzero", "bincount")
 

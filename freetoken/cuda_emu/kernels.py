@@ -95,10 +95,11 @@ class RawKernel:
             return
         params = self._params or []
         for (pname, is_ptr, is_const), arg in zip(params, arrays):
-            if arg is not None and is_const and memory.poison_count(arg._a):
+            poisoned = memory.poison_count(arg._a) if arg is not None and is_const else 0
+            if poisoned:
                 raise memory_fault(self.name, (
                     f"wrote NaN into {count} elements of `{name}` while its input `{pname}` holds "
-                    f"{memory.poison_count(arg._a)} never-written words (poison 0x{memory.POISON16:04X}): "
+                    f"{poisoned} never-written words (poison 0x{memory.POISON16:04X}): "
                     "it read device memory no one wrote"))
 
 

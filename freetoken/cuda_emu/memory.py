@@ -87,13 +87,8 @@ class Registry:
 
     def find(self, addr: int):
         """(start, end, item) holding addr, else None."""
-        with self._lock:
-            i = bisect.bisect(self._starts, addr) - 1
-            if i >= 0:
-                s, e, ref = self._items[i]
-                if s <= addr < max(e, s + 1) and ref() is not None:
-                    return s, e, ref()
-        return None
+        hit = self.below(addr)
+        return hit if hit is not None and addr < max(hit[1], hit[0] + 1) else None
 
 
 def _weak(item):

@@ -17,7 +17,7 @@ import numpy as np
 
 from freetoken.cuda_emu import memory
 from freetoken.cuda_emu.deferred import deferred, enqueue, from_host, sync_current
-from freetoken.cuda_emu.pools import MemoryPointer, UnownedMemory, _Raw, allocate
+from freetoken.cuda_emu.pools import MemoryPointer, _Raw, allocate
 from freetoken.cuda_emu.streams import get_current_stream
 
 
@@ -174,7 +174,7 @@ def _reducer(name):
 
 
 for _n in ("sum", "max", "min", "any", "all", "argmax", "argmin", "mean", "cumsum", "prod",
-           "squeeze", "flatten", "clip", "round", "nonzero_count"):
+           "squeeze", "flatten", "clip", "round"):
     setattr(ndarray, _n, _reducer(_n))
 
 

@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 
 from freetoken.cuda_emu import memory
-from freetoken.cuda_emu.streams import get_current_stream, stream_by_ptr, synchronize_all
+from freetoken.cuda_emu.streams import stream_by_ptr, synchronize_all
 
 memcpyHostToHost, memcpyHostToDevice, memcpyDeviceToHost, memcpyDeviceToDevice, memcpyDefault = range(5)
 hostRegisterDefault, hostRegisterPortable, hostRegisterMapped = 0, 1, 2
@@ -141,6 +141,3 @@ class Device:
     def __hash__(self) -> int:
         return self.id
 
-
-def get_current_stream_ptr() -> int:
-    return get_current_stream().ptr
