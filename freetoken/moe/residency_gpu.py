@@ -203,7 +203,7 @@ class HostResidency:
         invalidate_mirror(self.cache, lo, hi)
 
     def count_routed(self, layer: int, ids, cols: tuple[str, ...]) -> None:
-        distinct = len(np.unique(ids[(ids >= 0) & (ids < self.E)]))
+        distinct = len(np.unique(ids))           # router ids: always in [0, E) here
         for c in cols:
             self.cache.counters[c][layer] += distinct
 
