@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from freetoken.moe.executor import overflow_ids
 from freetoken.moe.residency import COUNTERS, Fills, SlotCache
 from freetoken.moe.split import FetchPolicy
 from freetoken.cupy_loader import cupy as load_cupy
@@ -186,7 +187,7 @@ class HostResidency:
     def step(self, layer: int, slots, cpu_ids, policy: FetchPolicy) -> None:
         raw = slots.copy()
         self.plan = self.cache.step(layer, slots, policy)
-        cpu_ids[...] = np.where(slots < 0, raw, -1)
+        cpu_ids[...] = overflow_ids(raw, slots)
 
     def fill(self, host, pool) -> None:
         for slot, expert in zip(self.plan.slots.tolist(), self.plan.experts.tolist()):
