@@ -15,6 +15,7 @@ from freetoken.server.protocol import Body
 
 MAX_MESSAGES = 100_000
 MAX_TOOLS = 1024
+TEXT_FIELDS = {"text": "text"}
 OPENAI_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content",
                          "reasoning", "refusal", "annotations", "audio", "function_call"}
 
@@ -39,8 +40,11 @@ def _unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{param}: {what} is not supported by this server", param=param)
 
 
-def _text_parts(value, param: str, allowed_types=("text",)) -> str:
-    """Content as a string, or a list of text parts joined; other part types are refused."""
+def _text_parts(value, param: str, fields: dict = TEXT_FIELDS) -> str:
+    """Content as a string, or a list of content parts joined; other part types are refused.
+
+    `fields` maps each accepted part type to the key holding its text (None: accepted, adds
+    nothing); the default accepts only {"type": "text"} parts."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -49,9 +53,10 @@ def _text_parts(value, param: str, allowed_types=("text",)) -> str:
     for i, part in enumerate(value):
         p = Body(part, f"{param}[{i}]")
         kind = p.str("type")
-        if kind not in allowed_types:
+        if kind not in fields:
             raise _unsupported(p.param("type"), f"content of type {kind!r}")
-        texts.append(p.str("text", "") if kind == "text" else "")
+        if fields[kind] is not None:
+            texts.append(p.str(fields[kind], ""))
     return "".join(texts)
 
 
@@ -82,7 +87,7 @@ def _openai_message(m: Body) -> dict:
     m.str("name", None)
     if role == "assistant":
         msg = {"role": "assistant", "content": _text_parts(m.data.get("content") or "", m.param("content"),
-                                                            ("text", "refusal"))}
+                                                            {"text": "text", "refusal": None})}
         reasoning = m.str("reasoning_content", None) or m.str("reasoning", None)
         if reasoning:
             msg["reasoning_content"] = reasoning

@@ -11,36 +11,13 @@ from collections import OrderedDict
 
 from freetoken.log import logger
 from freetoken.server.errors import APIError
-from freetoken.server.messages import MAX_MESSAGES, MAX_TOOLS, _arguments
+from freetoken.server.messages import MAX_MESSAGES, MAX_TOOLS, _arguments, _required, _text_parts, _unsupported
 from freetoken.server.protocol import Body
 
 ROLES = ("user", "system", "developer", "assistant")
-TEXT_PARTS = ("input_text", "output_text")
+TEXT_FIELDS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}   # part type -> its text
 STORE_CAPACITY = 256             # responses kept for previous_response_id (each holds its whole conversation)
 _warned_tool_types: set[str] = set()
-
-
-def _unsupported(param: str, what: str) -> APIError:
-    return APIError(400, f"{param}: {what} is not supported by this server", param=param)
-
-
-def _text(value, param: str) -> str:
-    """A string, or text parts joined (images, files and audio are refused)."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise APIError(400, f"{param} must be a string or an array of content parts", param=param)
-    texts = []
-    for i, part in enumerate(value):
-        p = Body(part, f"{param}[{i}]")
-        kind = p.str("type")
-        if kind == "refusal":
-            texts.append(p.str("refusal", ""))
-        elif kind in TEXT_PARTS:
-            texts.append(p.str("text", ""))
-        else:
-            raise _unsupported(p.param("type"), f"content of type {kind!r}")
-    return "".join(texts)
 
 
 class _Turns:
@@ -71,9 +48,7 @@ class _Turns:
 
 def _message(turns: _Turns, item: Body) -> None:
     role = item.str("role", choices=ROLES)
-    if item.data.get("content") is None:
-        raise APIError(400, f"{item.param('content')} is required", param=item.param("content"))
-    text = _text(item.data["content"], item.param("content"))
+    text = _text_parts(_required(item, "content"), item.param("content"), TEXT_FIELDS)
     if role == "assistant":
         # text after a call starts a new turn: the template puts content before the calls
         turn = turns.assistant(fresh=turns.open is not None and "tool_calls" in turns.open)
@@ -103,10 +78,9 @@ def _function_call(turns: _Turns, item: Body) -> None:
 
 
 def _function_call_output(turns: _Turns, item: Body) -> None:
-    if item.data.get("output") is None:
-        raise APIError(400, f"{item.param('output')} is required", param=item.param("output"))
+    output = _required(item, "output")
     turns.other({"role": "tool", "tool_call_id": item.str("call_id", nonempty=True),
-                 "content": _text(item.data["output"], item.param("output"))})
+                 "content": _text_parts(output, item.param("output"), TEXT_FIELDS)})
 
 
 _HANDLERS = {"message": _message, "reasoning": _reasoning, "function_call": _function_call,
