@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 
@@ -85,13 +85,9 @@ class Collected:
     done: Done | None = None
 
 
-def check_prompt(engine, ids: list[int], params: SamplingParams | None = None,
-                 max_tokens_given: bool = False) -> SamplingParams | None:
-    """400 for a prompt that leaves no room to generate; `params` with an output budget that
-    fits (a given max_tokens that does not fit is a 400 too: server/budget.py)."""
-    if params is None:
-        budget.fit(engine, len(ids), SamplingParams(max_tokens=1), True)
-        return None
+def check_prompt(engine, ids: list[int], params: SamplingParams, max_tokens_given: bool = False) -> SamplingParams:
+    """`params` with an output budget that fits after `ids`, or APIError(400) for a prompt that
+    leaves no room to generate or a given max_tokens that does not fit (server/budget.py)."""
     return budget.fit(engine, len(ids), params, max_tokens_given)
 
 
@@ -119,8 +115,6 @@ async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: d
         params = check_prompt(engine, ids, params, max_tokens_given)
     think_open = opens_think(text)
     if params.grammar is not None and think_open and tokenizer.token_to_id(THINK_CLOSE) is not None:
-        from dataclasses import replace
-
         from freetoken.grammar import after_open_thought
         params = replace(params, grammar=after_open_thought(params.grammar, THINK_CLOSE))
     parse_tools = state.parse_tools() and conv.tools is not None and conv.choice != "none"
