@@ -34,10 +34,9 @@ async def messages(request: Request) -> Response:
     conv, kwargs = _conversation(body, state, "/v1/messages")
     params = sampling(body, state.limits(), max_tokens=body.int("max_tokens", lo=1),
                       stop=stop_strings(body, "stop_sequences"), temperature_max=1.0)
-    if conv.tools and conv.choice not in ("auto", "none"):     # any / tool: enforced with the extra
-        choice = body.data.get("tool_choice") or {}
-        grammar, what = tool_choice_grammar(state, conv, not choice.get("disable_parallel_tool_use", False))
-        params = constrained(params, grammar, what, what)
+    choice = body.data.get("tool_choice") or {}               # any / tool: enforced with the extra
+    grammar, what = tool_choice_grammar(state, conv, not choice.get("disable_parallel_tool_use", False))
+    params = constrained(params, grammar, what, what)
     stream = body.bool("stream", False)
     spec = await chat_spec(state, conv, params, kwargs, max_tokens_given=True)
     gen = Generation(state, spec, "/v1/messages", new_id("msg_"))

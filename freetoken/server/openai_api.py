@@ -47,7 +47,7 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = max_tokens if max_tokens is not None else body.int("max_tokens", None, lo=1)
     params = sampling(body, state.limits(), max_tokens=max_tokens, stop=stop_strings(body, "stop"),
                       temperature_max=2.0)
-    if grammar is None and conv.tools and conv.choice not in ("auto", "none"):
+    if grammar is None:
         grammar, what = tool_choice_grammar(state, conv, body.data.get("parallel_tool_calls") is not False)
     params = constrained(params, grammar, what, what.split()[0])
     stream, include_usage = _stream_flags(body)

@@ -189,7 +189,9 @@ def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     """(grammar, field) for a conversation whose tool choice is `required` or a named tool: the
     model's tool-call form (Qwen3's JSON one) over the tools shown (all, or the named one). None,
     i.e. not enforced as before, without the grammar extra or for another form (Qwen3-Coder's XML
-    template)."""
+    template); None too when the choice forces nothing (no tools, `auto`, `none`)."""
+    if not conv.tools or conv.choice in ("auto", "none"):
+        return None, "tool_choice"
     from freetoken import grammar as g
     template = state.ready_engine().tokenizer.chat_template or ""
     if not g.available() or "<function=" in template:

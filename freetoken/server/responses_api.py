@@ -108,7 +108,7 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     params = sampling(body, state.limits(), max_tokens=body.int("max_output_tokens", None, lo=1), stop=(),
                       temperature_max=2.0)
     what = f"text.format {text['format']['type']}"
-    if grammar is None and tools and choice not in ("auto", "none"):
+    if grammar is None:
         grammar, what = tool_choice_grammar(state, Conversation([], tools, choice),
                                             body.data.get("parallel_tool_calls") is not False)
     params = constrained(params, grammar, what, what.split()[0])
