@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 
 import freetoken.kernels as kernels_pkg
+from freetoken.cuda_emu.device_launch import entries
 from freetoken.kernels import _cuda, cases
 
-BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s+)?"      # allowed before or after `void`
-ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+' + BOUNDS + r"void\s+" + BOUNDS +
-                   r"(\w+)\s*\(([^)]*)\)", re.S)
 C_TYPES = {  # C parameter type (const and __restrict__ dropped) -> ARGS type tag
     "float*": "f32*", "u16*": "u16*", "unsigned short*": "u16*", "int*": "i32*",
     "u32*": "u32*", "unsigned int*": "u32*", "long long*": "i64*", "unsigned char*": "u8*",
@@ -23,23 +21,20 @@ C_TYPES = {  # C parameter type (const and __restrict__ dropped) -> ARGS type ta
 DRY_RUN = ("embedding", "rms_norm", "add_rms_norm", "rope", "kv_write", "router", "sampling")
 
 
-def _param(text):
-    """'const float* __restrict__ x' -> 'x:f32*'."""
-    text = re.sub(r"\b(const|__restrict__)\b", " ", text)
-    m = re.fullmatch(r"\s*(.*?)\s*(\w+)\s*", text.replace("*", "* "))
-    ctype = re.sub(r"\s*\*\s*", "*", m.group(1)).strip()
-    ctype = re.sub(r"\s+", " ", ctype)
-    assert ctype in C_TYPES, f"parameter {text.strip()!r}: type {ctype!r} has no ARGS tag"
-    return f"{m.group(2)}:{C_TYPES[ctype]}"
+def _param(p):
+    """device_launch.Param of 'const float* __restrict__ x' -> 'x:f32*'."""
+    ctype = p.ctype.replace(" *", "*")
+    assert ctype in C_TYPES, f"parameter {p.name}: type {ctype!r} has no ARGS tag"
+    return f"{p.name}:{C_TYPES[ctype]}"
 
 
 def cuda_entries():
     """{entry: (file name, ('name:tag', ...))} over every cuda/*.cu."""
     found = {}
     for path in sorted(_cuda.cuda_dir().glob("*.cu")):
-        for name, params in ENTRY.findall(path.read_text()):
+        for name, params in entries(path.read_text()).items():
             assert name not in found, f"{name} defined in {found[name][0]} and {path.name}"
-            decl = tuple(_param(p) for p in params.split(",") if p.strip())
+            decl = tuple(_param(p) for p in params)
             found[name] = (path.name, decl)
     return found
 
