@@ -13,11 +13,10 @@ Hq/G query/kv heads, D head dim, T tokens of the largest step.
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
+from freetoken.moe.options import rate_slots
 
 GB = 1e9                  # --gpu-memory-gb counts decimal gigabytes, as GPU vendors do
 RESERVE = 0.02            # of free memory: allocator fragmentation, CUDA context growth
@@ -121,14 +120,14 @@ def _expert_slots(cfg: ModelConfig, ec: EngineConfig, left: int) -> int:
     if ec.moe_backend == "cpu":   # every routed expert runs on the host: no cache
         return 0
     fit = min(total, max(left, 0) // per) if per else total
-    # the same count moe/options.cache_slots will pick; more slots than L*E experts is L*E
-    rate_slots = math.ceil(round(ec.moe_cache_rate * total, 9)) if ec.moe_cache_rate > 0 else fit
-    want = min(ec.moe_cache_size or rate_slots, total)
+    # the count moe/options.cache_slots will pick; more slots than L*E experts is L*E
+    from_rate = rate_slots(ec.moe_cache_rate, total) if ec.moe_cache_rate > 0 else fit
+    want = min(ec.moe_cache_size or from_rate, total)
     if want > fit or (ec.moe_backend == "fused" and fit < total):
         need = total if ec.moe_backend == "fused" else want
         raise ConfigError(f"expert cache of {need} slots ({need * per / GB:.2f} GB) does not fit: "
                           f"{max(left, 0) / GB:.2f} GB are left for experts ({fit} slots)")
-    return min(want, total)
+    return want
 
 
 def plan_gpu_memory(cfg: ModelConfig, engine_config: EngineConfig, free_bytes: int) -> GpuPlan:

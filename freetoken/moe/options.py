@@ -64,6 +64,11 @@ def step_need(num_experts: int, top_k: int, max_running: int) -> int:
     return min(max(1, max_running) * top_k, num_experts)
 
 
+def rate_slots(rate: float, total: int) -> int:
+    """--moe-cache-rate as slots: ceil(rate * L*E); round first, so 0.1 * 100 gives 10, not 11."""
+    return math.ceil(round(rate * total, 9))
+
+
 def cache_slots(num_layers: int, num_experts: int, top_k: int, ec: EngineConfig, log: Log,
                 backend: str | None = None) -> int:
     """S from --moe-cache-size or --moe-cache-rate (ceil of rate * L*E); default 25%, >= one step.
@@ -83,7 +88,7 @@ def cache_slots(num_layers: int, num_experts: int, top_k: int, ec: EngineConfig,
     if size > 0:
         slots = size
     elif rate > 0:
-        slots = math.ceil(round(rate * total, 9))    # round: 0.1 * 100 must give 10, not 11
+        slots = rate_slots(rate, total)
     else:
         slots = max(math.ceil(DEFAULT_CACHE_RATE * total), need)
         log.info(f"expert cache: {slots} slots by default ({DEFAULT_CACHE_RATE:.0%} of {total} "
