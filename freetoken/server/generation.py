@@ -13,7 +13,7 @@ import anyio
 
 from freetoken.engine.request import SamplingParams
 from freetoken.log import logger
-from freetoken.server import budget
+from freetoken.server import access, budget
 from freetoken.server.errors import APIError
 from freetoken.server.messages import Conversation
 from freetoken.server.system_messages import place_system
@@ -220,6 +220,7 @@ class Generation:
         decode_s = seconds - (self.ttft or seconds)
         rate = (completion - 1) / decode_s if completion > 1 and decode_s > 0 else 0.0
         self.state.metrics.observe_generation(self.route, finish, prompt, completion, cached, self.ttft, seconds)
+        access.note_generation(prompt, completion, cached, self.ttft, seconds)
         ttft = f"{self.ttft:.3f}s" if self.ttft is not None else "-"
         logger.info("%s %s | prompt %d (cached %d) | output %d | ttft %s | %.1f tok/s | %.2fs | %s",
                     self.rid, self.route, prompt, cached, completion, ttft, rate, seconds, finish)

@@ -4,8 +4,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 
-from freetoken.server.access import note_generation
-
 PREFIX = "freetoken_"
 # seconds; wide at the top, since a long prompt on an offloaded MoE can take minutes
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
@@ -63,7 +61,6 @@ class Metrics:
                 # each of the request's gaps counts once, at the request's mean gap
                 self.itl.observe((seconds - ttft) / (completion - 1), completion - 1)
         self.duration.observe(seconds)
-        note_generation(prompt, completion, cached, ttft, seconds)
 
     def render(self, engine_state: str, engine: dict | None, counters: dict, decode_tok_s: float) -> str:
         out: list[str] = []
