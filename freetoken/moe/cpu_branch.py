@@ -20,7 +20,8 @@ writes the buffers again (upstream pitfall 9).
 the device op before ``start`` is done, so there is nothing to stage or copy back, and the job can
 go to the executor thread at once: it then overlaps the fills and the slot-pool op that follow.
 ``run_all`` has nothing to overlap with, so it calls the kernel inline on the caller's thread: a
-hand-off to the executor thread measured 5-22% slower on 2 cores (docs/performance.md).
+hand-off to the executor thread measured 5-9% (1 thread) to 8-22% (2 threads) slower than fused
+on the 2-core VM (docs/performance.md).
 
 Shape legend: T tokens, H hidden, k routed.
 """
