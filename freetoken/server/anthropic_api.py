@@ -9,12 +9,13 @@ from starlette.responses import JSONResponse, Response
 from freetoken.log import logger
 from freetoken.server import sse
 from freetoken.server.anthropic_messages import anthropic_conversation
+from freetoken.server.body import read_json
 from freetoken.server.errors import APIError, error_body
 from freetoken.server.generation import (Done, Generation, GenerationError, Ping, Reasoning, Text, ToolCall,
                                          Usage, cancel_on_disconnect, chat_spec)
 from freetoken.server.protocol import (Body, constrained, sampling, stop_strings, template_kwargs,
                                        tool_choice_grammar)
-from freetoken.server.state import new_id, read_json
+from freetoken.server.state import new_id
 
 # fields that mean something here; everything else a request carries is logged (DEBUG) and ignored,
 # as harnesses add fields with each release (Claude Code 2.1 sends context_management, output_config)

@@ -9,9 +9,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from freetoken.engine.async_engine import EngineBusy
 from freetoken.log import logger
+from freetoken.server.body import read_json
 from freetoken.server.errors import APIError
 from freetoken.server.protocol import Body
-from freetoken.server.state import read_json
 
 STATUS_TIMEOUT = 10.0        # seconds to wait for the engine thread's snapshot (one step at most)
 

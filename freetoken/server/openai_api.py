@@ -8,13 +8,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from freetoken.server import sse
+from freetoken.server.body import read_json
 from freetoken.server.errors import APIError, error_body
 from freetoken.server.generation import (Done, GenerationError, GenSpec, Generation, Ping, Reasoning, Text,
                                          ToolCall, Usage, cancel_on_disconnect, chat_spec, check_prompt)
 from freetoken.server.messages import openai_conversation
 from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, stop_strings,
                                        template_kwargs, tool_choice_grammar)
-from freetoken.server.state import new_id, read_json
+from freetoken.server.state import new_id
 
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
                  "seed", "stop", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",

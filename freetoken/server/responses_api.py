@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from freetoken.engine.request import SamplingParams
 from freetoken.log import logger
 from freetoken.server import sse
+from freetoken.server.body import read_json
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
 from freetoken.server.messages import Conversation
@@ -26,7 +27,7 @@ from freetoken.server.protocol import (Body, constrained, json_format_grammar, s
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
                                               tool_choice, with_instructions)
 from freetoken.server.responses_output import Output, usage
-from freetoken.server.state import new_id, read_json
+from freetoken.server.state import new_id
 
 # accepted and ignored: accounting, caching and placement hints for OpenAI's own service
 IGNORED_FIELDS = {"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freetoken.engine.async_engine import AsyncEngine, EngineNotReady
-from freetoken.server.body import read_json  # noqa: F401 - the routes read bodies through here
 from freetoken.server.config import ServerConfig
 from freetoken.server.errors import APIError
 from freetoken.server.metrics import Metrics
