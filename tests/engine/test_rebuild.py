@@ -42,6 +42,16 @@ def test_hybrid_rebuilds_to_any_cache_size():
     assert total["cpu_execs"] > 0 and total["fills"] + total["cpu_execs"] == total["misses"]
 
 
+def test_offload_rebuild_below_one_step_is_rejected():
+    """A running offload runtime cannot become hybrid: below one step's need (16 here) the rebuild
+    is refused with both ways out named (docs/moe.md, "Any cache size"), and nothing changes."""
+    llm = LLM(backend="cpu", moe_backend="offload", moe_cache_size=16)
+    status = llm.core.cache_status()
+    with pytest.raises(RebuildRejected, match=r"too small.*>= 16 or --moe-backend hybrid"):
+        llm.core.rebuild_cache(moe_cache_size=3)
+    assert llm.core.cache_status() == status and status["moe"]["backend"] == "offload"
+
+
 def test_rejected_while_busy(llm):
     req = llm.core.add_request(llm.tokenizer.encode(PROMPT), SamplingParams(max_tokens=4))
     with pytest.raises(EngineBusy):
