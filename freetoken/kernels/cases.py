@@ -109,6 +109,26 @@ def _sampling(d, dtype, rng):
                 _out(B, np.int32), _only_out, nbytes=4 * B * V + 24 * B)
 
 
+def _penalties(d, dtype, rng):
+    """N distinct (row, token) entries over the batch; rows cycle through each penalty off and
+    on (repetition both above and below 1), about half the entries biased in [-100, 100], and
+    counts 0 with the prompt flag 1 (repetition without frequency/presence)."""
+    B, V, N = d["B"], d["V"], d["N"]
+    logits = _weights(rng, (B, V), "f32", 3.0)               # both signs: both repetition branches
+    flat = np.sort(rng.choice(B * V, N, replace=False))      # unique entries, grouped by row
+    rows, tokens = (flat // V).astype(np.int32), (flat % V).astype(np.int32)
+    counts = np.where(rng.random(N) < 0.4, 0, rng.integers(1, 9, N)).astype(np.int32)
+    prompt = (rng.random(N) < 0.5).astype(np.int32)
+    bias = np.where(rng.random(N) < 0.5, rng.uniform(-100, 100, N), 0).astype(np.float32)
+    b = np.arange(B)
+    presence = np.where(b % 2 == 1, 0.5, 0.0).astype(np.float32)
+    frequency = np.where(b % 3 == 1, 0.3, 0.0).astype(np.float32)
+    repetition = np.array([1.0, 1.1, 1.3, 0.8])[b % 4].astype(np.float32)
+    return Case("penalties", d, (logits, rows, tokens, counts, prompt, bias, presence, frequency,
+                                 repetition), _out((B, V)), _only_out,
+                nbytes=8 * B * V + 20 * N + 12 * B, flops=6 * N, tol=(0, 0))
+
+
 def _linear(d, dtype, rng):
     T, K, M = d["T"], d["K"], d["M"]
     x, w = _weights(rng, (T, K), "f32"), _weights(rng, (M, K), dtype, K ** -0.5)
@@ -150,6 +170,7 @@ OPS = {  # op -> (default dims, builder)
     "kv_write": (dict(T=64, G=4, D=128, N=4096), _kv_write),
     "router": (dict(T=64, E=128, k=8), _router),
     "sampling": (dict(B=8, V=151936), _sampling),
+    "penalties": (dict(B=8, V=151936, N=2048), _penalties),
     "linear": (dict(T=4, K=2048, M=4096), _linear),
     "attention": (dict(B=4, C=1024, Hq=32, G=4, D=128), _attention),
     "experts": (dict(T=4, H=2048, I=768, S=16, k=8), _experts),
