@@ -12,7 +12,7 @@ from typing import Callable
 from freetoken.cupy_loader import cupy as load_cupy, emulated
 
 OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
-            "experts", "sampling")
+            "experts", "sampling", "logprobs")
 BACKENDS = ("ref", "cpu", "cuda")
 
 
@@ -33,6 +33,7 @@ class Ops:
     router: Callable
     experts: Callable
     sampling: Callable
+    logprobs: Callable
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
@@ -89,6 +90,9 @@ _RESULTS = {
                                          xp.empty((logits.shape[0], k), xp.float32)),
     "experts": lambda xp, x, *_: xp.empty_like(x),
     "sampling": lambda xp, logits, *_: xp.empty(logits.shape[0], xp.int32),
+    "logprobs": lambda xp, logits, chosen, k, *_: (xp.empty(logits.shape[0], xp.float32),
+                                                   xp.empty((logits.shape[0], k), xp.int32),
+                                                   xp.empty((logits.shape[0], k), xp.float32)),
 }
 
 

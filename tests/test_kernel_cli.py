@@ -25,6 +25,7 @@ def test_module_entry_point_checks_rms_norm():
     ("kv_write", "T=3,G=2,D=16,N=9", "bf16"),
     ("router", "T=3,E=40,k=4", "f32"),
     ("sampling", "B=5,V=1000", "f32"),
+    ("logprobs", "B=5,V=1000,k=20", "f32"),
 ])
 def test_check_passes_on_cpu(op, shape, dtype, capsys):
     assert main(["kernel", op, "--check", "--shape", shape, "--dtype", dtype]) == 0
@@ -57,7 +58,7 @@ def test_compare_reports_worst_index():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["embedding", "rms_norm", "add_rms_norm", "rope", "linear", "kv_write",
-                                "attention", "router", "experts", "sampling"])
+                                "attention", "router", "experts", "sampling", "logprobs"])
 def test_every_op_passes_on_the_device(op):
     """`kernel OP --device cuda --check` at each op's default shape (a GPU, or the emulated one)."""
     proc = subprocess.run([sys.executable, "-m", "freetoken", "kernel", op, "--device", "cuda",

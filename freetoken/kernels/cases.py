@@ -109,6 +109,19 @@ def _sampling(d, dtype, rng):
                 _out(B, np.int32), _only_out, nbytes=4 * B * V + 24 * B)
 
 
+def _logprobs(d, dtype, rng):
+    """Odd rows hold integer logits: many exact ties, inside the top k and across its edge."""
+    B, V, k = d["B"], d["V"], d["k"]
+    logits = _weights(rng, (B, V), "f32", 3.0)
+    logits[1::2] = np.round(logits[1::2])
+    chosen = rng.integers(0, V, B).astype(np.int32)
+    return Case("logprobs", d, (logits, chosen, k),
+                lambda xp: (xp.empty(B, np.float32), xp.empty((B, k), np.int32),
+                            xp.empty((B, k), np.float32)),
+                lambda ins, out: {"lp_chosen": out[0], "top_ids": out[1], "top_lp": out[2]},
+                nbytes=4 * B * V + 8 * B + 8 * B * k, flops=3 * B * V, tol=(1e-5, 1e-6))
+
+
 def _linear(d, dtype, rng):
     T, K, M = d["T"], d["K"], d["M"]
     x, w = _weights(rng, (T, K), "f32"), _weights(rng, (M, K), dtype, K ** -0.5)
@@ -150,6 +163,7 @@ OPS = {  # op -> (default dims, builder)
     "kv_write": (dict(T=64, G=4, D=128, N=4096), _kv_write),
     "router": (dict(T=64, E=128, k=8), _router),
     "sampling": (dict(B=8, V=151936), _sampling),
+    "logprobs": (dict(B=8, V=151936, k=20), _logprobs),
     "linear": (dict(T=4, K=2048, M=4096), _linear),
     "attention": (dict(B=4, C=1024, Hq=32, G=4, D=128), _attention),
     "experts": (dict(T=4, H=2048, I=768, S=16, k=8), _experts),

@@ -8,7 +8,8 @@ logits (before temperature, penalties, logit_bias and grammar masks), as vLLM re
 Used for sampled tokens (one row per sequence) and for prompt tokens (one row per position,
 chosen = the next prompt token).
 
-cpu: numba without sorting the vocabulary (its docstring says how its sums differ from ref's).
+cpu: numba without sorting the vocabulary (its docstring says how its sums differ from ref's);
+gpu: one block per row, cuda/logprobs.cu.
 """
 import numpy as np
 
@@ -169,3 +170,32 @@ def cpu(logits, chosen, k, out=None):
         _rows(logits, chosen, k, lp_chosen, top_ids, top_lp)
     return out
 
+
+# --- gpu: cuda/logprobs.cu ---
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "logprobs_f32": ("logits:f32*", "chosen:i32*", "lp_chosen:f32*", "top_ids:i32*", "top_lp:f32*",
+                     "B:i32", "V:i32", "k:i32"),
+}
+MAX_K = 32  # logprobs.cu keeps each thread's k best in fixed local arrays (OpenAI allows k <= 20)
+
+
+def gpu(logits, chosen, k, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` (lp_chosen f32[B], top_ids int32[B,k],
+    top_lp f32[B,k]) is required. k = 0 writes lp_chosen only. One block per row: see the header
+    of cuda/logprobs.cu. A chosen id outside [0, V) is not checked here (that needs a sync): the
+    kernel writes NaN for it."""
+    from freetoken.kernels import _cuda
+    k = int(k)
+    if k > MAX_K:
+        raise ValueError(f"logprobs.gpu: k = {k} is above the kernel's limit MAX_K = {MAX_K} "
+                         "(cuda/logprobs.cu keeps each thread's k best in fixed arrays)")
+    _check_args(logits, chosen, k)
+    B, V = logits.shape
+    lp_chosen, top_ids, top_lp = out
+    assert lp_chosen.shape == (B,) and top_ids.shape == top_lp.shape == (B, k), \
+        (lp_chosen.shape, top_ids.shape, top_lp.shape, B, k)
+    args = _cuda.bind(ARGS["logprobs_f32"], logits=logits, chosen=chosen, lp_chosen=lp_chosen,
+                      top_ids=top_ids, top_lp=top_lp, B=B, V=V, k=k)
+    _cuda.launch(_cuda.kernel("logprobs", "logprobs_f32"), (B,), (_cuda.threads(V),), args)
+    return out

@@ -18,7 +18,8 @@ C_TYPES = {  # C parameter type (const and __restrict__ dropped) -> ARGS type ta
     "int": "i32", "u32": "u32", "unsigned int": "u32", "long long": "i64", "float": "f32",
 }
 # ops whose gpu wrapper this file dry-runs on numpy arrays (their builders live in cases.py)
-DRY_RUN = ("embedding", "rms_norm", "add_rms_norm", "rope", "kv_write", "router", "sampling")
+DRY_RUN = ("embedding", "rms_norm", "add_rms_norm", "rope", "kv_write", "router", "sampling",
+           "logprobs")
 
 
 def _param(p):
