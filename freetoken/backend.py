@@ -12,7 +12,7 @@ from typing import Callable
 from freetoken.cupy_loader import cupy as load_cupy, emulated
 
 OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
-            "experts", "sampling", "penalties")
+            "experts", "sampling", "penalties", "logprobs")
 BACKENDS = ("ref", "cpu", "cuda")
 
 
@@ -33,7 +33,7 @@ class Ops:
     router: Callable
     experts: Callable
     sampling: Callable
-    penalties: Callable
+    penalties, logprobs: Callable
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
@@ -91,6 +91,9 @@ _RESULTS = {
     "experts": lambda xp, x, *_: xp.empty_like(x),
     "sampling": lambda xp, logits, *_: xp.empty(logits.shape[0], xp.int32),
     "penalties": lambda xp, logits, *_: xp.empty_like(logits),
+    "logprobs": lambda xp, logits, chosen, k, *_: (xp.empty(logits.shape[0], xp.float32),
+                                                   xp.empty((logits.shape[0], k), xp.int32),
+                                                   xp.empty((logits.shape[0], k), xp.float32)),
 }
 
 

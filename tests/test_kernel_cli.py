@@ -26,6 +26,7 @@ def test_module_entry_point_checks_rms_norm():
     ("router", "T=3,E=40,k=4", "f32"),
     ("sampling", "B=5,V=1000", "f32"),
     ("penalties", "B=3,V=1001,N=400", "f32"),
+    ("logprobs", "B=5,V=1000,k=20", "f32"),
 ])
 def test_check_passes_on_cpu(op, shape, dtype, capsys):
     assert main(["kernel", op, "--check", "--shape", shape, "--dtype", dtype]) == 0
@@ -58,7 +59,7 @@ def test_compare_reports_worst_index():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["embedding", "rms_norm", "add_rms_norm", "rope", "linear", "kv_write",
-                                "attention", "router", "experts", "sampling", "penalties"])
+                                "attention", "router", "experts", "sampling", "penalties", "logprobs"])
 def test_every_op_passes_on_the_device(op):
     """`kernel OP --device cuda --check` at each op's default shape (a GPU, or the emulated one)."""
     proc = subprocess.run([sys.executable, "-m", "freetoken", "kernel", op, "--device", "cuda",

@@ -127,6 +127,17 @@ def _penalties(d, dtype, rng):
     return Case("penalties", d, (logits, rows, tokens, counts, prompt, bias, presence, frequency,
                                  repetition), _out((B, V)), _only_out,
                 nbytes=8 * B * V + 20 * N + 12 * B, flops=6 * N, tol=(0, 0))
+def _logprobs(d, dtype, rng):
+    """Odd rows hold integer logits: many exact ties, inside the top k and across its edge."""
+    B, V, k = d["B"], d["V"], d["k"]
+    logits = _weights(rng, (B, V), "f32", 3.0)
+    logits[1::2] = np.round(logits[1::2])
+    chosen = rng.integers(0, V, B).astype(np.int32)
+    return Case("logprobs", d, (logits, chosen, k),
+                lambda xp: (xp.empty(B, np.float32), xp.empty((B, k), np.int32),
+                            xp.empty((B, k), np.float32)),
+                lambda ins, out: {"lp_chosen": out[0], "top_ids": out[1], "top_lp": out[2]},
+                nbytes=4 * B * V + 8 * B + 8 * B * k, flops=3 * B * V, tol=(1e-5, 1e-6))
 
 
 def _linear(d, dtype, rng):
@@ -171,6 +182,7 @@ OPS = {  # op -> (default dims, builder)
     "router": (dict(T=64, E=128, k=8), _router),
     "sampling": (dict(B=8, V=151936), _sampling),
     "penalties": (dict(B=8, V=151936, N=2048), _penalties),
+    "logprobs": (dict(B=8, V=151936, k=20), _logprobs),
     "linear": (dict(T=4, K=2048, M=4096), _linear),
     "attention": (dict(B=4, C=1024, Hq=32, G=4, D=128), _attention),
     "experts": (dict(T=4, H=2048, I=768, S=16, k=8), _experts),
