@@ -33,7 +33,8 @@ class Ops:
     router: Callable
     experts: Callable
     sampling: Callable
-    penalties, logprobs: Callable
+    penalties: Callable
+    logprobs: Callable
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
