@@ -10,7 +10,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from freetoken.engine.request import InvalidRequest, Request, SamplingParams
@@ -40,6 +40,16 @@ class Output:
     cached_tokens: int = 0               # prompt tokens reused from the prefix cache
     error: str | None = None             # set with finish_reason "error"
     invalid: bool = False                # the error is the request's fault (a 4xx)
+    logprobs: tuple = ()                 # TokenLogprob per token id, when the request asked for them
+    prompt_logprobs: tuple | None = None  # on the first output of a request that asked: one per prompt token
+
+
+def _logprob_fields(req: Request, d) -> dict:
+    """The logprob parts of a delta's Output: its tokens', and the prompt's on the first one."""
+    fields = {"logprobs": tuple(d.logprobs)} if d.logprobs else {}
+    if req.params.prompt_logprobs is not None and len(req.output_ids) == len(d.token_ids):
+        fields["prompt_logprobs"] = tuple(req.prompt_logprobs)
+    return fields
 
 
 class RequestStream:
@@ -272,12 +282,11 @@ class AsyncEngine:
                 continue
             if d.finished:
                 del self._live[req.rid]
-                self._post(stream, self._final(req, req.finish_reason or "stop", d.text, d.token_ids))
+                out = self._final(req, req.finish_reason or "stop", d.text, d.token_ids)
             else:
-                self._post(stream, Output(req.rid, d.text, tuple(d.token_ids), False,
-                                          prompt_tokens=len(req.prompt_ids),
-                                          completion_tokens=len(req.output_ids),
-                                          cached_tokens=req.num_cached))
+                out = Output(req.rid, d.text, tuple(d.token_ids), False, prompt_tokens=len(req.prompt_ids),
+                             completion_tokens=len(req.output_ids), cached_tokens=req.num_cached)
+            self._post(stream, replace(out, **_logprob_fields(req, d)))
 
     def _account(self, prefill: bool, tokens: int, seconds: float) -> None:
         c = self.counters

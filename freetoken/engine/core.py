@@ -30,6 +30,7 @@ class Delta:
     token_ids: list[int]
     text: str
     finished: bool
+    logprobs: list = None        # TokenLogprob per token id when the request asked for them
 
 
 class EngineCore:
@@ -203,6 +204,10 @@ class EngineCore:
         return self._grammars
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:
+        vocab = self.model_config.vocab_size
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"logit_bias names token {bad[0]}, outside the vocabulary [0, {vocab})")
         matcher = None
         if params.grammar is not None:
             from freetoken.grammar import GrammarError, GrammarUnavailable
@@ -230,8 +235,12 @@ class EngineCore:
         schedule = self.scheduler.schedule()
         if not schedule:
             return []
-        reqs, tokens = self._forward(schedule)
-        return [self._append(req, int(tok)) for req, tok in zip(reqs, tokens)]
+        prefilling = [req for req, _ in schedule if req.in_prefill]
+        reqs, tokens, lps = self._forward(schedule)
+        for req in prefilling:
+            if not req.in_prefill:
+                self.scheduler.cache_prompt(req)
+        return [self._append(req, int(tok), lp) for req, tok, lp in zip(reqs, tokens, lps)]
 
     def _forward(self, schedule):
         """Model forward + sampling: (requests that sampled, their token ids)."""
@@ -255,8 +264,11 @@ class EngineCore:
         self.graphs = graphs
         return graphs.forward
 
-    def _append(self, req: Request, token: int) -> Delta:
+    def _append(self, req: Request, token: int, logprob=None) -> Delta:
         req.output_ids.append(token)
+        req.output_counts[token] = req.output_counts.get(token, 0) + 1
+        if logprob is not None:
+            req.output_logprobs.append(logprob)
         stream = self._streams[req.rid]
         stop_id = token in req.params.stop_token_ids or (token in self.eos_ids and not req.params.ignore_eos)
         grammar_done = False
@@ -276,4 +288,4 @@ class EngineCore:
         if reason:
             self.scheduler.finish(req, reason)
             del self._streams[req.rid]
-        return Delta(req, [token], text, reason is not None)
+        return Delta(req, [token], text, reason is not None, None if logprob is None else [logprob])

@@ -16,6 +16,8 @@ class RequestOutput:
     text: str
     finish_reason: str | None
     metrics: dict = field(default_factory=dict)
+    logprobs: list | None = None          # TokenLogprob per output token (params.logprobs set)
+    prompt_logprobs: list | None = None   # None first, then one per prompt token (params.prompt_logprobs)
 
 
 class LLM:
@@ -96,7 +98,10 @@ class LLM:
                    "prefill_s": prefill_s, "decode_s": decode_s,
                    "prefill_tok_s": len(req.prompt_ids) / prefill_s if prefill_s > 0 else 0.0,
                    "decode_tok_s": (n_out - 1) / decode_s if decode_s > 0 and n_out > 1 else 0.0}
-        return RequestOutput(req.prompt_ids, list(req.output_ids), req.text, req.finish_reason, metrics)
+        p = req.params
+        return RequestOutput(req.prompt_ids, list(req.output_ids), req.text, req.finish_reason, metrics,
+                             list(req.output_logprobs) if p.logprobs is not None else None,
+                             list(req.prompt_logprobs) if p.prompt_logprobs is not None else None)
 
     def stats(self) -> dict:
         """MoE cache counters (per layer and total), KV pool occupancy."""

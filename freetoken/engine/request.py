@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 _ids = itertools.count()
+MAX_TOP_LOGPROBS = 20   # OpenAI's limit for top_logprobs
 
 
 class InvalidRequest(ValueError):
@@ -28,6 +29,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     grammar: str | None = None      # Lark text (freetoken/grammar.py): the output is constrained to it
+    presence_penalty: float = 0.0   # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and the output (HF rule)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
+    logprobs: int | None = None     # report each sampled token's logprob and this many top ones
+    prompt_logprobs: int | None = None  # the same for every prompt token (no prefix-cache reuse)
 
     def __post_init__(self):
         checks = [
@@ -41,12 +48,37 @@ class SamplingParams:
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
             (self.grammar is None or isinstance(self.grammar, str) and self.grammar.strip(),
              "grammar must be non-empty Lark text"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty must be in (0, 10]"),
+            (all(-100.0 <= b <= 100.0 for _, b in self.logit_bias), "logit_bias values must be in [-100, 100]"),
+            (len({t for t, _ in self.logit_bias}) == len(self.logit_bias), "logit_bias lists a token twice"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+             f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+             f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidRequest(message)
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the penalties op has anything to do for this request."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model's raw distribution, and the top ones there."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()   # (token id, logprob), most probable first
 
 
 class Status(enum.Enum):
@@ -74,6 +106,10 @@ class Request:
     lock_node: object = None     # radix node of the reused prefix, locked while running
     metrics: dict = field(default_factory=dict)
     matcher: object = None       # grammar.Matcher when params.grammar is set
+    output_counts: dict = field(default_factory=dict)   # token id -> occurrences in output_ids
+    prompt_logprobs: list = field(default_factory=list)  # one TokenLogprob (None first) per prompt token
+    output_logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked
+    prompt_unique: object = None  # sorted distinct prompt ids (the repetition penalty's), made once
 
     @property
     def all_ids(self) -> list[int]:

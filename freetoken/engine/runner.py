@@ -1,12 +1,18 @@
 """Turns a schedule (requests, new-token counts) into a ForwardBatch, runs the model, samples.
 
-Shape legend: T new tokens in the step, B sequences, C longest context in the batch, V vocab.
+Shape legend: T new tokens in the step, B sequences, R logits rows (B, plus every prompt position
+of a request that asked for prompt logprobs), C longest context in the batch, V vocab.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from freetoken.engine.sampler import sample, token_logprobs
 from freetoken.models.qwen3_moe import ForwardBatch
+
+
+def wants_prompt_rows(req) -> bool:
+    return req.params.prompt_logprobs is not None and req.in_prefill
 
 
 def build_batch(schedule, alloc) -> ForwardBatch:
@@ -19,7 +25,7 @@ def build_batch(schedule, alloc) -> ForwardBatch:
         positions.extend(range(start, start + n))
         tok_seq.extend([b] * n)
         slots.extend(req.slots[start:start + n])
-        last.append(len(ids) - 1)
+        last.extend(range(len(ids) - n, len(ids)) if wants_prompt_rows(req) else [len(ids) - 1])
     context = max(req.num_computed + n for req, n in schedule)
     table = np.zeros((len(schedule), context), dtype=np.int32)          # [B, C]
     for b, (req, n) in enumerate(schedule):
@@ -30,39 +36,35 @@ def build_batch(schedule, alloc) -> ForwardBatch:
                         prefill=any(n > 1 for _, n in schedule))
 
 
-def sample(ops, logits, requests) -> np.ndarray:
-    """One token per row of logits [B, V]; uniforms come from each request's own seeded stream."""
-    p = [r.params for r in requests]
-    f32 = lambda v: np.asarray(v, dtype=np.float32)
-    uniforms = f32([r.rng.random() for r in requests])
-    tokens = ops.sampling(
-        logits, f32([x.temperature for x in p]), np.asarray([max(x.top_k, 0) for x in p], np.int32),
-        f32([x.top_p for x in p]), f32([x.min_p for x in p]), uniforms, **_mask(logits, requests))
-    return np.asarray(ops.to_host(tokens), dtype=np.int64)
-
-
-def _mask(logits, requests) -> dict:
-    """{"mask": int32[B, ceil(V/32)]} when a request is constrained (its matcher writes its row,
-    the others stay all -1), else {} so the op runs exactly as without grammars."""
-    if all(r.matcher is None for r in requests):
-        return {}
-    mask = np.full((len(requests), (logits.shape[1] + 31) // 32), -1, np.int32)
-    for b, r in enumerate(requests):
-        if r.matcher is not None:
-            r.matcher.fill(mask[b])
-    return {"mask": mask}
-
-
 def run_step(forward, ops, schedule, alloc):
-    """Forward the scheduled tokens; returns (requests that sampled, their new token ids).
-    forward: host ForwardBatch -> logits [B, V] (the model, or CUDA-graph replay)."""
-    logits = forward(build_batch(schedule, alloc))                        # [B, V]
+    """Forward the scheduled tokens; returns (requests that sampled, their new token ids, their
+    TokenLogprob or None each). Prompt logprobs are appended to their requests on the way.
+    forward: host ForwardBatch -> logits [R, V] (the model, or CUDA-graph replay)."""
+    rows = [n if wants_prompt_rows(req) else 1 for req, n in schedule]
+    logits = forward(build_batch(schedule, alloc))                        # [R, V]
+    ends = np.cumsum(rows) - 1                                            # each sequence's last row
     done_prompt = []
     for b, (req, n) in enumerate(schedule):
+        if wants_prompt_rows(req):
+            _prompt_logprobs(ops, req, logits[int(ends[b]) - n + 1:int(ends[b]) + 1])
         req.num_computed += n
         if req.num_computed == req.num_tokens:    # reached the end of what is known: sample
             done_prompt.append(b)
     if not done_prompt:
-        return [], np.empty(0, np.int64)
+        return [], np.empty(0, np.int64), []
     reqs = [schedule[b][0] for b in done_prompt]
-    return reqs, sample(ops, logits[ops.xp.asarray(done_prompt)], reqs)
+    picked = logits if len(done_prompt) == logits.shape[0] else logits[ops.xp.asarray(ends[done_prompt])]
+    tokens, lps = sample(ops, picked, reqs)
+    return reqs, tokens, lps
+
+
+def _prompt_logprobs(ops, req, logits) -> None:
+    """Append the TokenLogprob of each prompt token these rows predict (logits [n, V] of the
+    positions computed now; position p predicts token p + 1). The first prompt token has none."""
+    start, P = req.num_computed, len(req.prompt_ids)
+    if start == 0:
+        req.prompt_logprobs.append(None)
+    n = min(logits.shape[0], P - 1 - start)          # the last prompt position predicts the output
+    if n > 0:
+        req.prompt_logprobs.extend(token_logprobs(ops, logits[:n], req.prompt_ids[start + 1:start + 1 + n],
+                                                  req.params.prompt_logprobs))

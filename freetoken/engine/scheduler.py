@@ -12,6 +12,8 @@ from collections import deque
 
 from freetoken.engine.request import InvalidRequest, Request, Status
 
+PROMPT_LOGPROB_ROWS = 512   # prompt positions per step of a request that wants their logprobs
+
 
 class Scheduler:
     def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int, prefix_cache=None):
@@ -51,6 +53,8 @@ class Scheduler:
         for req in self.running:
             if req.in_prefill and room > 0:
                 n = min(len(req.prompt_ids) - req.num_computed, room)
+                if req.params.prompt_logprobs is not None:   # bounds its [n, V] logits rows
+                    n = min(n, PROMPT_LOGPROB_ROWS)
                 batch.append((req, n))
                 room -= n
         if batch:
@@ -78,6 +82,9 @@ class Scheduler:
     def _reuse_prefix(self, req: Request) -> None:
         if self.cache is None:
             return
+        if req.params.prompt_logprobs is not None:   # needs every position's logits: reuses nothing,
+            req.lock_node = self.cache.root          # but its prompt is cached like any other
+            return
         slots, node = self.cache.match(req.prompt_ids[:-1])
         self.cache.lock(node)
         req.lock_node, req.slots = node, list(slots)
@@ -87,6 +94,20 @@ class Scheduler:
         if self.cache is not None and req.lock_node is not None:
             self.cache.unlock(req.lock_node)
             req.lock_node, req.slots, req.num_computed, req.num_cached = None, [], 0, 0
+
+    def cache_prompt(self, req: Request) -> None:
+        """Put a prompt whose prefill just ended into the tree while its request runs on, so
+        requests that share it (n > 1 choices, agents fanning out) reuse its KV now rather than
+        after this one finishes. The request then holds the tree's slots for those positions."""
+        if self.cache is None or req.lock_node is None:
+            return
+        n = len(req.prompt_ids)
+        dups = self.cache.insert(req.prompt_ids, req.slots[:n])
+        slots, node = self.cache.match(req.prompt_ids)
+        self.cache.lock(node)
+        self.cache.unlock(req.lock_node)
+        req.lock_node, req.slots[:n] = node, slots
+        self.kv.free(dups)         # positions another request had cached meanwhile: its copy is kept
 
     def alloc(self, n: int) -> list[int]:
         """n KV slots, evicting unlocked cached prefixes when the free list runs short."""

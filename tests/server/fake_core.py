@@ -17,6 +17,8 @@ import dataclasses
 import re
 import time
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from freetoken.engine.core import EngineCore
@@ -43,6 +45,7 @@ class FakeCore(EngineCore):
                  load_seconds=0.0):
         time.sleep(load_seconds)
         self.tokenizer = tokenizer
+        self.model_config = SimpleNamespace(vocab_size=tokenizer.vocab_size)   # what add_request checks ids against
         self.max_model_len = max_model_len
         self.max_running, self.chunk = max_running, chunk
         self.kv = KVPool(1, kv_tokens, 1, 1, np.float32)
