@@ -1,6 +1,7 @@
 """Tokenizer (HF `tokenizers`), the model's Jinja chat template, stop ids, streaming detokenizer."""
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -38,6 +39,8 @@ class Tokenizer:
             stop.add(tok.token_to_id(self.eos_token))
         self.stop_token_ids: frozenset[int] = frozenset(stop)
         self._compiled: dict[str, object] = {}
+        self._byte_level: bool | None = None     # decoder is byte-level BPE; read on first token_bytes
+        self._added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
@@ -80,6 +83,23 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (a byte-level BPE piece may be part of a UTF-8
+        character, which decode() would turn into U+FFFD); special tokens give their text."""
+        if self._byte_level is None:
+            decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+            kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
+            self._byte_level = "ByteLevel" in kinds
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        added = self._added.get(int(token_id)) if self._added is not None else None
+        if self._byte_level and added is None:
+            table = _unicode_to_byte()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
                             add_generation_prompt: bool = True, **kwargs) -> str:
@@ -158,6 +178,22 @@ class IncrementalDetokenizer:
         del self._ids[:self._read]
         self._prefix, self._read = 0, len(self._ids)
         return text[len(done):] if text.startswith(done) else text[_common_prefix(done, text):]
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character of each byte, inverted (the GPT-2 table:
+    printable Latin-1 bytes stand for themselves, the other 68 map to U+0100 onwards in order)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    stand_in, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            stand_in[chr(b)] = b
+        else:
+            stand_in[chr(256 + extra)] = b
+            extra += 1
+    return stand_in
 
 
 def _common_prefix(a: str, b: str) -> int:

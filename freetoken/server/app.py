@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from freetoken.log import logger
-from freetoken.server import anthropic_api, control, openai_api, responses_api
+from freetoken.server import anthropic_api, control, openai_api, openai_completions, responses_api
 from freetoken.server.access import Tracker
 from freetoken.server.errors import APIError, api_of, error_response
 from freetoken.server.guard import Guard
@@ -23,7 +23,7 @@ ROUTES = [
     Route("/v1/models", openai_api.models, methods=["GET"]),
     Route("/v1/models/{model:path}", openai_api.model, methods=["GET"]),    # ids may hold a "/"
     Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
-    Route("/v1/completions", openai_api.completions, methods=["POST"]),
+    Route("/v1/completions", openai_completions.completions, methods=["POST"]),
     Route("/v1/responses", responses_api.responses, methods=["POST"]),
     Route("/v1/messages", anthropic_api.messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", anthropic_api.count_tokens, methods=["POST"]),

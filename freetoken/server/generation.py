@@ -56,6 +56,16 @@ class Ping:
 
 
 @dataclass
+class Logprobs:
+    entries: tuple                    # engine TokenLogprob per generated token, in order
+
+
+@dataclass
+class PromptLogprobs:
+    entries: tuple                    # None, then a TokenLogprob per further prompt token
+
+
+@dataclass
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -83,6 +93,8 @@ class Collected:
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     done: Done | None = None
+    logprobs: list = field(default_factory=list)      # TokenLogprob per generated token, when asked
+    prompt_logprobs: tuple | None = None
 
 
 def check_prompt(engine, ids: list[int], params: SamplingParams, max_tokens_given: bool = False) -> SamplingParams:
@@ -130,8 +142,10 @@ def opens_think(prompt: str) -> bool:
 class Generation:
     """Submit one request and iterate its events; leaving early aborts it and frees its slots."""
 
-    def __init__(self, state, spec: GenSpec, route: str, rid: str):
+    def __init__(self, state, spec: GenSpec, route: str, rid: str, after: asyncio.Event | None = None):
         self.state, self.spec, self.route, self.rid = state, spec, route, rid
+        self.after = after                # submit only once this is set (n > 1: the prompt is cached)
+        self.started = asyncio.Event()    # set at the first output (the prompt's prefill is done) or the end
         self.t_start = time.perf_counter()
         self.ttft: float | None = None
         self.cached_tokens = 0            # prompt tokens the prefix cache served, known from the first output
@@ -140,7 +154,10 @@ class Generation:
         self.num_calls = 0
 
     async def events(self):
-        """Text / Reasoning / ToolCall events, Ping after `sse_ping_interval` of silence, then Done."""
+        """Text / Reasoning / ToolCall / Logprobs events, Ping after `sse_ping_interval` of silence,
+        then Done."""
+        if self.after is not None:
+            await self.after.wait()
         stream = self.state.ready_engine().submit(self.spec.prompt_ids, self.spec.params, self.rid)
         interval = self.state.config.sse_ping_interval or None
         self.state.metrics.active += 1
@@ -152,6 +169,7 @@ class Generation:
                     yield Ping()
                     continue
                 last = out
+                self.started.set()
                 self.cached_tokens = out.cached_tokens
                 if out.error is not None:
                     raise GenerationError(out.error, out.invalid)
@@ -159,12 +177,17 @@ class Generation:
                     raise GenerationError("the request was aborted: the server is shutting down", False)
                 if self.ttft is None and out.token_ids:
                     self.ttft = time.perf_counter() - self.t_start
+                if out.prompt_logprobs is not None:
+                    yield PromptLogprobs(out.prompt_logprobs)
+                if out.logprobs:                  # before the text those tokens make
+                    yield Logprobs(out.logprobs)
                 for event in self._parse(out.text, final=out.finished):
                     yield event
                 if out.finished:
                     yield self._done(out)
                     return
         finally:
+            self.started.set()
             stream.abort()      # no-op once finished; otherwise frees the request's KV slots
             self.state.metrics.active -= 1
             self._log(last)
@@ -178,6 +201,10 @@ class Generation:
                 result.reasoning += event.text
             elif isinstance(event, ToolCall):
                 result.calls.append(event)
+            elif isinstance(event, Logprobs):
+                result.logprobs.extend(event.entries)
+            elif isinstance(event, PromptLogprobs):
+                result.prompt_logprobs = event.entries
             elif isinstance(event, Done):
                 result.done = event
         return result

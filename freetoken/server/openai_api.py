@@ -1,4 +1,5 @@
-"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models (JSON and SSE shapes)."""
+"""OpenAI routes: /v1/chat/completions and /v1/models (JSON and SSE shapes); /v1/completions
+lives in openai_completions.py and shares this module's helpers."""
 from __future__ import annotations
 
 import time
@@ -7,11 +8,16 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from dataclasses import replace
+
+from freetoken.server import openai_fields as fields
 from freetoken.server import sse
 from freetoken.server.body import read_json
 from freetoken.server.errors import APIError, error_body
-from freetoken.server.generation import (Done, GenerationError, GenSpec, Generation, Ping, Reasoning, Text,
-                                         ToolCall, Usage, cancel_on_disconnect, chat_spec, check_prompt)
+from freetoken.server.choices import collect_all, fan_out, merged, total_usage
+from freetoken.server.generation import (Done, GenerationError, Generation, Logprobs, Ping, Reasoning, Text,
+                                         ToolCall, Usage, cancel_on_disconnect, chat_spec)
+from freetoken.server.logprobs import TokenText, chat_logprobs
 from freetoken.server.messages import openai_conversation
 from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, stop_strings,
                                        template_kwargs, tool_choice_grammar)
@@ -25,8 +31,6 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "tools", "to
                                "response_format", "reasoning_effort", "chat_template_kwargs", "modalities",
                                "verbosity", "prompt_cache_options", "prompt_cache_retention", "moderation",
                                "audio", "prediction", "functions", "function_call", "web_search_options"}
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
-LEGACY_MAX_TOKENS = 16       # /v1/completions' documented default
 
 
 async def chat_completions(request: Request) -> Response:
@@ -48,51 +52,35 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = max_tokens if max_tokens is not None else body.int("max_tokens", None, lo=1)
     params = sampling(body, state.limits(), max_tokens=max_tokens, stop=stop_strings(body, "stop"),
                       temperature_max=2.0)
+    params = fields.with_penalties(body, replace(params, logprobs=fields.chat_logprobs(body)),
+                                   state.ready_engine().tokenizer.vocab_size)
     if grammar is None:
         grammar, what = tool_choice_grammar(state, conv, body.data.get("parallel_tool_calls") is not False)
     params = constrained(params, grammar, what, what.split()[0])
     stream, include_usage = _stream_flags(body)
     spec = await chat_spec(state, conv, params, kwargs, max_tokens_given=max_tokens is not None)
-    gen = Generation(state, spec, "/v1/chat/completions", new_id("chatcmpl-"))
-    head = {"id": gen.rid, "created": int(time.time()), "model": body.data["model"], "system_fingerprint": None}
+    gens = fan_out(state, spec, "/v1/chat/completions", new_id("chatcmpl-"), fields.choices(body))
+    head = {"id": gens[0].rid, "created": int(time.time()), "model": body.data["model"], "system_fingerprint": None}
+    text = TokenText(state.ready_engine().tokenizer)
     if stream:
-        return sse.response(_chat_frames(gen, head, include_usage))
-    result = await _collect(request, gen)
-    if result is None:
+        return sse.response(_chat_frames(gens, head, include_usage, text))
+    results = await collect(request, gens)
+    if results is None:
         return Response(status_code=499)
+    choices = [_chat_choice(i, r, text, params.logprobs is not None) for i, r in enumerate(results)]
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                         "usage": usage(total_usage([r.done.usage for r in results]))})
+
+
+def _chat_choice(index: int, result, text: TokenText, logprobs: bool) -> dict:
     message = {"role": "assistant", "content": result.text or (None if result.calls else "")}
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
     if result.calls:
         message["tool_calls"] = [_call(c) for c in result.calls]
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": result.done.finish_reason}
-    return JSONResponse({**head, "object": "chat.completion", "choices": [choice],
-                         "usage": usage(result.done.usage)})
-
-
-async def completions(request: Request) -> Response:
-    state = request.app.state.server
-    body = Body(await read_json(request, state.config.max_body_bytes))
-    body.only(COMPLETION_FIELDS)
-    _common(body, state)
-    body.default_only("echo", (False,))
-    body.default_only("suffix", ("",))
-    body.default_only("best_of", (1,), "other than 1 is not supported")
-    params = sampling(body, state.limits(LEGACY_MAX_TOKENS), max_tokens=body.int("max_tokens", None, lo=1),
-                      stop=stop_strings(body, "stop"), temperature_max=2.0)
-    stream, include_usage = _stream_flags(body)
-    engine = state.ready_engine()
-    ids = await _prompt_ids(body, engine.tokenizer)
-    params = check_prompt(engine, ids, params, max_tokens_given=body.has("max_tokens"))
-    gen = Generation(state, GenSpec(ids, params), "/v1/completions", new_id("cmpl-"))
-    head = {"id": gen.rid, "object": "text_completion", "created": int(time.time()), "model": body.data["model"]}
-    if stream:
-        return sse.response(_completion_frames(gen, head, include_usage))
-    result = await _collect(request, gen)
-    if result is None:
-        return Response(status_code=499)
-    choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.done.finish_reason}
-    return JSONResponse({**head, "choices": [choice], "usage": usage(result.done.usage)})
+    return {"index": index, "message": message,
+            "logprobs": chat_logprobs(text, result.logprobs) if logprobs else None,
+            "finish_reason": result.done.finish_reason}
 
 
 async def models(request: Request) -> Response:
@@ -122,13 +110,6 @@ def usage(u: Usage) -> dict:
 
 def _common(body: Body, state) -> None:
     state.check_model(body.str("model", nonempty=True))
-    body.default_only("n", (1,), "other than 1 is not supported")
-    for key in ("presence_penalty", "frequency_penalty"):
-        body.default_only(key, (0,), "other than 0 is not supported")
-    body.default_only("repetition_penalty", (1,), "other than 1 is not supported")
-    body.default_only("logprobs", (False, 0), "is not supported")
-    body.default_only("top_logprobs", (0,), "is not supported")
-    body.default_only("logit_bias", ({},), "is not supported")
     for key in ("user", "service_tier", "safety_identifier", "prompt_cache_key"):
         body.str(key, None)
     body.obj("metadata", None)
@@ -166,23 +147,10 @@ def _stream_flags(body: Body) -> tuple[bool, bool]:
     return stream, options.bool("include_usage", False)
 
 
-async def _prompt_ids(body: Body, tokenizer) -> list[int]:
-    """A string, a one-item list of strings, or token ids (flat or a one-item list of lists)."""
-    prompt = body.data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return await anyio.to_thread.run_sync(tokenizer.encode, prompt)
-    vocab = tokenizer.vocab_size
-    if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < vocab for t in prompt):
-        return list(prompt)
-    raise APIError(400, f"prompt must be a string or a non-empty list of token ids in [0, {vocab}) "
-                        "(one prompt per request)", param="prompt")
-
-
-async def _collect(request: Request, gen: Generation):
+async def collect(request: Request, gens: list[Generation]):
+    """Every choice's Collected, or None when the client went away first."""
     try:
-        return await cancel_on_disconnect(request, gen.collect())
+        return await cancel_on_disconnect(request, collect_all(gens))
     except GenerationError as e:
         raise APIError(400 if e.invalid else 500, str(e)) from None
 
@@ -191,53 +159,38 @@ def _call(c: ToolCall) -> dict:
     return {"id": new_id("call_"), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
-def _error_frame(e: GenerationError) -> str:
+def error_frame(e: GenerationError) -> str:
     return sse.data(error_body(APIError(400 if e.invalid else 500, str(e)), "openai"))
 
 
-async def _chat_frames(gen: Generation, head: dict, include_usage: bool):
+async def _chat_frames(gens: list[Generation], head: dict, include_usage: bool, text: TokenText):
     base = {**head, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
+    usages = []
 
-    def chunk(delta: dict, finish=None) -> str:
-        return sse.data({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+    def chunk(i: int, delta: dict, finish=None, logprobs=None) -> str:
+        return sse.data({**base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs,
                                               "finish_reason": finish}], **extra})
-    yield chunk({"role": "assistant", "content": ""})
+    for i in range(len(gens)):
+        yield chunk(i, {"role": "assistant", "content": ""})
     try:
-        async for ev in gen.events():
+        async for i, ev in merged(gens):
             if isinstance(ev, Text):
-                yield chunk({"content": ev.text})
+                yield chunk(i, {"content": ev.text})
             elif isinstance(ev, Reasoning):
-                yield chunk({"reasoning_content": ev.text})
+                yield chunk(i, {"reasoning_content": ev.text})
             elif isinstance(ev, ToolCall):
-                yield chunk({"tool_calls": [{"index": ev.index, **_call(ev)}]})
+                yield chunk(i, {"tool_calls": [{"index": ev.index, **_call(ev)}]})
+            elif isinstance(ev, Logprobs):        # the tokens of the deltas that follow
+                yield chunk(i, {}, logprobs=chat_logprobs(text, ev.entries))
             elif isinstance(ev, Ping):
                 yield sse.OPENAI_PING
             elif isinstance(ev, Done):
-                yield chunk({}, ev.finish_reason)
-                if include_usage:
-                    yield sse.data({**base, "choices": [], "usage": usage(ev.usage)})
+                usages.append(ev.usage)
+                yield chunk(i, {}, ev.finish_reason)
     except GenerationError as e:
-        yield _error_frame(e)
+        yield error_frame(e)
         return
-    yield "data: [DONE]\n\n"
-
-
-async def _completion_frames(gen: Generation, head: dict, include_usage: bool):
-    extra = {"usage": None} if include_usage else {}
-    try:
-        async for ev in gen.events():
-            if isinstance(ev, Text):
-                yield sse.data({**head, "choices": [{"index": 0, "text": ev.text, "logprobs": None,
-                                                     "finish_reason": None}], **extra})
-            elif isinstance(ev, Ping):
-                yield sse.OPENAI_PING
-            elif isinstance(ev, Done):
-                yield sse.data({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                                     "finish_reason": ev.finish_reason}], **extra})
-                if include_usage:
-                    yield sse.data({**head, "choices": [], "usage": usage(ev.usage)})
-    except GenerationError as e:
-        yield _error_frame(e)
-        return
+    if include_usage:
+        yield sse.data({**base, "choices": [], "usage": usage(total_usage(usages))})
     yield "data: [DONE]\n\n"

@@ -10,17 +10,18 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from freetoken.engine.request import SamplingParams
+from freetoken.engine.request import MAX_TOP_LOGPROBS, SamplingParams
 from freetoken.log import logger
 from freetoken.server import sse
 from freetoken.server.body import read_json
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
+from freetoken.server.logprobs import TokenText
 from freetoken.server.messages import Conversation
 from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, template_kwargs,
                                        tool_choice_grammar)
@@ -37,15 +38,15 @@ REFUSED = {"background": ((False,), "is not supported: a response runs within it
            "conversation": ((), "is not supported; continue with previous_response_id"),
            "prompt": ((), "(prompt templates) is not supported"),
            "truncation": (("disabled",), "other than 'disabled' is not supported: prompts are never truncated"),
-           "top_logprobs": ((0,), "is not supported"),
            "image": ((), "is not supported"), "access_programs": ((), "is not supported"),
            "background_options": ((), "is not supported"), "context_management": ((), "is not supported")}
 FIELDS = IGNORED_FIELDS | set(REFUSED) | {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
     "temperature", "top_p", "text", "reasoning", "store", "stream", "stream_options", "previous_response_id",
-    "top_k", "min_p", "seed", "ignore_eos", "chat_template_kwargs"}          # the last five: extensions
+    "top_logprobs", "top_k", "min_p", "seed", "ignore_eos", "chat_template_kwargs"}   # the last five: extensions
 # no-ops here: reasoning travels as plain reasoning_text content, and no hosted tool ever runs
-INCLUDE = {"reasoning.encrypted_content", "message.input_image.image_url", "computer_call_output.output.image_url",
+LOGPROBS = "message.output_text.logprobs"
+INCLUDE = {LOGPROBS, "reasoning.encrypted_content", "message.input_image.image_url", "computer_call_output.output.image_url",
            "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
            "code_interpreter_call.outputs"}
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -108,6 +109,7 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     system = "\n\n".join(s for s in (instructions, note) if s)
     params = sampling(body, state.limits(), max_tokens=body.int("max_output_tokens", None, lo=1), stop=(),
                       temperature_max=2.0)
+    params = replace(params, logprobs=_logprobs(body))
     what = f"text.format {text['format']['type']}"
     if grammar is None:
         grammar, what = tool_choice_grammar(state, Conversation([], tools, choice),
@@ -121,7 +123,8 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
             "previous_response_id": body.data.get("previous_response_id"), "reasoning": reasoning,
             "store": stored, "temperature": params.temperature, "text": text,
             "tool_choice": body.data.get("tool_choice") or "auto", "tools": tools_echo, "top_p": params.top_p,
-            "truncation": "disabled", "background": False, "service_tier": "default", "top_logprobs": 0,
+            "truncation": "disabled", "background": False, "service_tier": "default",
+            "top_logprobs": body.data.get("top_logprobs") or 0,
             "user": body.data.get("user"), "prompt_cache_key": body.data.get("prompt_cache_key"),
             "safety_identifier": body.data.get("safety_identifier")}
     return _Plan(rid, head, history, Conversation(with_instructions(system, history), tools, choice), params,
@@ -138,8 +141,13 @@ def _check_fields(body: Body) -> None:
     body.int("max_tool_calls", None, lo=0)
     for i, value in enumerate(body.list("include", None) or ()):
         if value not in INCLUDE:
-            why = "(logprobs) is not supported" if value == "message.output_text.logprobs" else "is not a known value"
-            raise APIError(400, f"include[{i}] {why}", param=f"include[{i}]")
+            raise APIError(400, f"include[{i}] is not a known value", param=f"include[{i}]")
+
+
+def _logprobs(body: Body) -> int | None:
+    """Top logprobs per output token when `include` asks for them (or top_logprobs > 0)."""
+    top = body.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+    return top if top or LOGPROBS in (body.data.get("include") or ()) else None
 
 
 def _stream(body: Body) -> bool:
@@ -217,7 +225,7 @@ class _Run:
 
     def __init__(self, plan: _Plan, gen: Generation, store: ResponseStore, tokenizer):
         self.plan, self.gen, self.store, self.tokenizer = plan, gen, store, tokenizer
-        self.out = Output()
+        self.out = Output(TokenText(tokenizer) if plan.params.logprobs is not None else None)
 
     def response(self, status: str, output: list, **fields) -> dict:
         return {**self.plan.head, "status": status, "error": None, "incomplete_details": None, "usage": None,

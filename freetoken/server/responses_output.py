@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import copy
 
-from freetoken.server.generation import Reasoning, Text, ToolCall, Usage
+from freetoken.server.generation import Logprobs, Reasoning, Text, ToolCall, Usage
+from freetoken.server.logprobs import chat_entries
 from freetoken.server.state import new_id
 
 DELTA = {"message": "response.output_text.delta", "reasoning": "response.reasoning_text.delta"}
@@ -29,13 +30,19 @@ def _new_item(kind: str) -> tuple[dict, dict]:
 class Output:
     """feed(event) -> stream events; finish(done) closes the open item. `items` is the output."""
 
-    def __init__(self):
+    def __init__(self, token_text=None):
         self.items: list[dict] = []
         self.kind: str | None = None          # "message" | "reasoning" while one is open
+        self.token_text = token_text          # logprobs.TokenText when the request asked for logprobs
+        self.pending: list = []               # TokenLogprobs of tokens whose text has not come yet
 
     def feed(self, ev) -> list[tuple[str, dict]]:
+        if isinstance(ev, Logprobs):
+            self.pending.extend(ev.entries)
+            return []
         if isinstance(ev, Text):
             return self._text("message", ev.text)
+        self.pending = []                     # reasoning and calls carry no logprobs in this API
         if isinstance(ev, Reasoning):
             return self._text("reasoning", ev.text)
         if isinstance(ev, ToolCall):
@@ -53,9 +60,17 @@ class Output:
 
     def _text(self, kind: str, text: str) -> list[tuple[str, dict]]:
         events = [] if self.kind == kind else self.close() + self._open(kind)
-        self.items[-1]["content"][0]["text"] += text
-        extra = {"logprobs": []} if kind == "message" else {}
+        part = self.items[-1]["content"][0]
+        part["text"] += text
+        extra = {"logprobs": self._take_logprobs(part)} if kind == "message" else {}
         return events + [(DELTA[kind], {**self._where(), "delta": text, **extra})]
+
+    def _take_logprobs(self, part: dict) -> list[dict]:
+        """The pending tokens' entries, added to the message part too."""
+        entries = chat_entries(self.token_text, self.pending) if self.token_text and self.pending else []
+        self.pending = []
+        part["logprobs"].extend(entries)
+        return entries
 
     def _open(self, kind: str) -> list[tuple[str, dict]]:
         item, part = _new_item(kind)
@@ -72,7 +87,9 @@ class Output:
         self.kind = None
         item["status"] = status
         part = item["content"][0]
-        extra = {"logprobs": []} if kind == "message" else {}
+        if kind == "message":
+            self._take_logprobs(part)          # tokens after the last text (an end token)
+        extra = {"logprobs": part["logprobs"]} if kind == "message" else {}
         return [(DONE[kind], {**self._where(), "text": part["text"], **extra}),
                 ("response.content_part.done", {**self._where(), "part": copy.deepcopy(part)}),
                 ("response.output_item.done", {"output_index": len(self.items) - 1, "item": copy.deepcopy(item)})]

@@ -97,7 +97,7 @@ class FakeCore(EngineCore):
                 k = len(req.output_ids)
                 reqs.append(req)
                 tokens.append(script[k] if k < len(script) else self.eos)
-        return reqs, tokens
+        return reqs, tokens, [None] * len(reqs)      # no logits: no logprobs
 
     def cache_status(self) -> dict:
         return {"kv": {"num_tokens": self.kv.num_slots, "free": self.kv.num_free}}

@@ -227,7 +227,7 @@ BAD = {
     "background": {"input": "hi", "background": True},
     "truncation auto": {"input": "hi", "truncation": "auto"},
     "conversation": {"input": "hi", "conversation": "conv_1"},
-    "logprobs include": {"input": "hi", "include": ["message.output_text.logprobs"]},
+    "top_logprobs above 20": {"input": "hi", "top_logprobs": 21},
     "zero max_output_tokens": {"input": "hi", "max_output_tokens": 0},
     "temperature too high": {"input": "hi", "temperature": 3},
     "bad text.format": {"input": "hi", "text": {"format": {"type": "yaml"}}},
