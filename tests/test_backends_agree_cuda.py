@@ -81,3 +81,25 @@ def test_a_gpu_with_no_room_for_experts_still_runs_hybrid(expected):
     ids, text, total = greedy(options)
     assert (ids, text) == expected[:2]
     assert total["cpu_execs"] > 0 and total["fills"] > 0
+
+
+def test_logprobs_and_penalties_on_cuda_match_cpu():
+    """Sampled-token and prompt logprobs, penalties and logit_bias through the engine on the
+    device (the fused backend, decode graphs on): the same tokens as cpu, logprobs within 1e-4."""
+    from freetoken import LLM, SamplingParams
+    prompt = "import os\nimport sys\n\n\ndef "
+    params = SamplingParams(max_tokens=10, logprobs=3, prompt_logprobs=2, frequency_penalty=0.7,
+                            presence_penalty=0.3, repetition_penalty=1.2, logit_bias=((7, 2.5),))
+    runs = {}
+    for backend in ("cpu", "cuda"):
+        llm = LLM(backend=backend, moe_backend="fused")
+        try:
+            assert llm.core.ops.name == backend
+            runs[backend] = llm.generate(prompt, params)[0]
+        finally:
+            llm.core.close()
+    cpu, cuda = runs["cpu"], runs["cuda"]
+    assert cuda.token_ids == cpu.token_ids
+    for a, b in zip(cuda.logprobs + cuda.prompt_logprobs[1:], cpu.logprobs + cpu.prompt_logprobs[1:]):
+        assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-4
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
