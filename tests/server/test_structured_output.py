@@ -3,6 +3,8 @@ the official openai and anthropic SDKs against `python -m freetoken serve` on th
 model writes code-like garbage unconstrained, so valid JSON here is the grammar's doing (the
 unconstrained control request shows it)."""
 import json
+import re
+import time
 
 import httpx
 import openai
@@ -38,6 +40,19 @@ def server(demo_server):
 @pytest.fixture(scope="module")
 def oa(demo_server):
     return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_start_up_says_constrained_decoding_is_on_and_the_first_request_is_constrained(server, oa):
+    """The first request of this module's fresh server: the llguidance tokenizer was built during
+    start-up (one log line before the ready line), not by this request on the engine thread."""
+    deadline = time.monotonic() + 10                  # stderr is read by a thread: it may lag stdout
+    while not (lines := [line for line in server.stderr_lines if "constrained decoding" in line]):
+        assert time.monotonic() < deadline, server.stderr_lines
+        time.sleep(0.05)
+    assert len(lines) == 1 and "constrained decoding: on (llguidance " in lines[0], lines
+    assert re.search(r"tokenizer of 4096 ids built in \d+\.\d\d s\)$", lines[0].strip()), lines
+    r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0, response_format=FORMAT)
+    assert valid(r.choices[0].message.content), r.choices[0].message.content
 
 
 def test_json_schema_is_enforced_and_the_control_is_not_json(oa):
