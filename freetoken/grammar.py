@@ -4,7 +4,7 @@ docs/constrained-decoding.md.
 
 A grammar is Lark text (llguidance's dialect: ``%json {schema}`` sub-rules, special tokens by
 name such as ``<tool_call>``). ``Grammars`` is one per model: it builds the llguidance tokenizer
-once (on first use) over the logits width, so padding ids past the tokenizer are always masked
+once (at engine start-up, on a thread) over the logits width, so padding ids past the tokenizer are always masked
 off, with the model's stop ids as end of sequence. ``Matcher`` is one per request: it writes its
 row of the allowed-token bitmask (int32, bit t & 31 of word t >> 5, the sampling op's layout) and
 is advanced with each sampled token.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 INSTALL_HINT = "pip install 'freetoken[grammar]'"
 
@@ -78,13 +79,20 @@ def after_open_thought(grammar: str, close_token: str = "</think>") -> str:
             + "answer:" + grammar[len("start:"):])
 
 
+def version() -> str:
+    return getattr(_llg(), "__version__", "?")
+
+
 class Grammars:
-    """Per model: the llguidance tokenizer (built once, lazily, thread-safe) and matchers."""
+    """Per model: the llguidance tokenizer (built once, on first use or by build_in_background;
+    thread-safe) and matchers."""
 
     def __init__(self, tokenizer_json: str, n_vocab: int, stop_ids):
         self._json, self.n_vocab, self.stop_ids = tokenizer_json, int(n_vocab), sorted(stop_ids)
         self._tok = None
+        self._failed: str | None = None      # why the tokenizer could not be built: not retried
         self._lock = threading.Lock()
+        self._builder: threading.Thread | None = None
 
     @property
     def words(self) -> int:
@@ -93,11 +101,39 @@ class Grammars:
 
     def tokenizer(self):
         with self._lock:
-            if self._tok is None:
+            if self._tok is None and self._failed is None:
                 llg = _llg()
-                self._tok = llg.LLTokenizer(self._json, n_vocab=self.n_vocab, eos_token=self.stop_ids[0]
-                                            if len(self.stop_ids) == 1 else self.stop_ids)
+                try:
+                    self._tok = llg.LLTokenizer(self._json, n_vocab=self.n_vocab, eos_token=self.stop_ids[0]
+                                                if len(self.stop_ids) == 1 else self.stop_ids)
+                except Exception as e:  # noqa: BLE001 - llguidance's own error types vary
+                    self._failed = f"constrained decoding is off: llguidance cannot read this tokenizer: {e}"
+            if self._failed is not None:
+                raise GrammarUnavailable(self._failed)
             return self._tok
+
+    def build_in_background(self, log) -> None:
+        """Start building the tokenizer on a daemon thread; it logs one line, on or off, with the
+        time taken. LLTokenizer holds the GIL while it builds (about 1 s on a 152k vocabulary),
+        so a build that overlaps serving stalls every stream: start it early in start-up and
+        join() it before serving."""
+        def build():
+            t0 = time.perf_counter()
+            try:
+                self.tokenizer()
+            except GrammarUnavailable as e:
+                log.warning("%s", e)
+                return
+            log.info("constrained decoding: on (llguidance %s, tokenizer of %d ids built in %.2f s)",
+                     version(), self.n_vocab, time.perf_counter() - t0)
+        self._builder = threading.Thread(target=build, name="freetoken-grammar", daemon=True)
+        self._builder.start()
+
+    def join(self) -> None:
+        """Wait for build_in_background's thread, if one was started."""
+        if self._builder is not None:
+            self._builder.join()
+            self._builder = None
 
     def matcher(self, grammar: str) -> "Matcher":
         """A fresh matcher for Lark text; GrammarError when it does not compile."""

@@ -253,7 +253,20 @@ class AsyncEngine:
             self._post(cmd.stream, Output(rid, "", (), True, "error", error=str(e), invalid=True,
                                           prompt_tokens=len(cmd.prompt_ids)))
             return
+        except Exception as e:  # noqa: BLE001 - a bug: fail this request (a 500), keep serving the rest
+            logger.exception("adding request %s failed", rid)
+            self._discard(rid)
+            self._post(cmd.stream, Output(rid, "", (), True, "error", error=f"engine error: {type(e).__name__}: {e}",
+                                          prompt_tokens=len(cmd.prompt_ids)))
+            return
         self._live[rid] = (req, cmd.stream)
+
+    def _discard(self, rid: str) -> None:
+        """Drop a request add_request queued before it failed: nobody reads it, and a request
+        without its text stream would fail every step it ran in."""
+        sched = self.core.scheduler
+        for req in [r for r in (*sched.waiting, *sched.running) if r.rid == rid]:
+            self.core.abort(req)
 
     def _step(self) -> None:
         sched = self.core.scheduler

@@ -46,6 +46,7 @@ class EngineCore:
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
         self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
+        self._grammars = self._start_grammars()    # on a thread, overlapping the rest of start-up
         self.max_model_len = context_len(cfg, config)
         if self.max_model_len > cfg.max_position_embeddings:
             logger.warning("--max-model-len %d is beyond the %d positions the model was trained on "
@@ -65,8 +66,9 @@ class EngineCore:
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
-        self._grammars = None            # grammar.Grammars, built on the first constrained request
         self.warmup()
+        if self._grammars is not None:      # built before serving: the build holds the GIL
+            self._grammars.join()
 
     def warmup(self) -> None:
         """Run one tiny request through prefill and decode so kernels are compiled (numba JIT on
@@ -80,6 +82,19 @@ class EngineCore:
         if self.prefix_cache is not None:
             self.kv.free(self.prefix_cache.evict(self.prefix_cache.size))
         logger.info("warm-up forward done in %.2f s", time.perf_counter() - t0)
+
+    def _start_grammars(self):
+        """grammar.Grammars with its llguidance tokenizer building in the background (it logs
+        whether constrained decoding is on), or None without the grammar extra (logged here)."""
+        from freetoken import grammar
+        if not grammar.available():
+            logger.info("constrained decoding: off (llguidance is not installed; %s enforces JSON output "
+                        "formats and forced tool choices)", grammar.INSTALL_HINT)
+            return None
+        grammars = grammar.Grammars(self.tokenizer.to_json(), self.model_config.vocab_size,
+                                    self.tokenizer.stop_token_ids)
+        grammars.build_in_background(logger)
+        return grammars
 
     def _plan_gpu_memory(self) -> None:
         """On CUDA, split the GPU budget (free memory or --gpu-memory-gb) into weights, KV, expert
@@ -187,7 +202,10 @@ class EngineCore:
         return rebuild_cache(self, moe_cache_size, num_kv_tokens)
 
     def close(self) -> None:
-        """Join the MoE executor thread, unpin host memory; the engine is unusable afterwards."""
+        """Join the MoE executor and grammar threads, unpin host memory; the engine is unusable
+        afterwards."""
+        if getattr(self, "_grammars", None) is not None:
+            self._grammars.join()
         self.moe.close()
         if getattr(self, "host_pool", None) is not None:
             self.host_pool.close()
@@ -196,8 +214,9 @@ class EngineCore:
 
     @property
     def grammars(self):
-        """The model's grammar.Grammars (the llguidance tokenizer is built on first use)."""
-        if self._grammars is None:
+        """The model's grammar.Grammars: the one start-up built, else one built now (its
+        tokenizer on first use)."""
+        if getattr(self, "_grammars", None) is None:
             from freetoken.grammar import Grammars
             self._grammars = Grammars(self.tokenizer.to_json(), self.model_config.vocab_size,
                                       self.tokenizer.stop_token_ids)

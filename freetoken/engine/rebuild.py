@@ -34,14 +34,14 @@ def rebuild_cache(core, moe_cache_size: int | None = None, num_kv_tokens: int | 
     """Resize the expert cache (slots) and/or the KV pool (tokens); returns the new cache_status."""
     if core.has_work():
         raise EngineBusy("cache rebuild needs an idle engine: requests are queued or running")
-    new_config = _validated(core, moe_cache_size, num_kv_tokens)
+    new_config, slots = _validated(core, moe_cache_size, num_kv_tokens)
     old_config, old_slots, resized = core.config, core.moe.stats().get("slots"), False
     try:
         core.config = new_config
-        if moe_cache_size is not None:
+        if slots is not None:
             # The runtime resizes its slot pool in place (freeing the old one first, so the device
             # never holds both); it rolls back by itself and re-raises on failure.
-            core.moe.rebuild(_slots(core, new_config))
+            core.moe.rebuild(slots)
             resized = True
         kv = core._make_kv_pool() if num_kv_tokens is not None else core.kv
     except Exception as e:
@@ -63,6 +63,8 @@ def _slots(core, config) -> int:
 
 
 def _validated(core, moe_cache_size, num_kv_tokens):
+    """(the new config, the expert cache's slot count or None when it keeps its size); computed
+    once, so that the sizing rules' log lines appear once."""
     from freetoken.config import ConfigError
     changes = {}
     if moe_cache_size is not None:
@@ -78,13 +80,13 @@ def _validated(core, moe_cache_size, num_kv_tokens):
         changes.update(num_kv_tokens=num_kv_tokens)
     if not changes:
         raise RebuildRejected("nothing to rebuild: give moe_cache_size and/or num_kv_tokens")
-    config = core.config.replace(**changes)
+    config, slots = core.config.replace(**changes), None
     if moe_cache_size is not None:
         try:   # the same check as at start-up: at least one decode step's distinct experts
-            _slots(core, config)
+            slots = _slots(core, config)
         except ConfigError as e:
             raise RebuildRejected(str(e)) from e
-    return config
+    return config, slots
 
 
 def _install(core, kv, reset_prefix: bool) -> None:

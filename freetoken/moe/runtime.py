@@ -172,6 +172,10 @@ class MoERuntime:
         self.res.reset()
         if self.streamer is not None:
             self.streamer.reset()
+        self._zero_host_counters()
+
+    def _zero_host_counters(self) -> None:
+        """The counters kept on the host (the device's are in the residency state)."""
         self.prefill_calls = 0
         if self.branch is not None:
             self.branch.calls = 0
@@ -194,7 +198,7 @@ class MoERuntime:
             self.dev.free_cached()
             self._allocate(old)
             raise
-        self.prefill_calls = 0
+        self._zero_host_counters()
 
     def close(self) -> None:
         """Join the CPU worker and drop device arrays; idempotent. The host pool stays (rebuilds

@@ -13,8 +13,8 @@ from freetoken.server.body import read_json
 from freetoken.server.errors import APIError, error_body
 from freetoken.server.generation import (Done, Generation, GenerationError, Ping, Reasoning, Text, ToolCall,
                                          Usage, cancel_on_disconnect, chat_spec)
-from freetoken.server.protocol import (Body, constrained, sampling, stop_strings, template_kwargs,
-                                       tool_choice_grammar)
+from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, stop_strings,
+                                       template_kwargs, tool_choice_grammar)
 from freetoken.server.state import new_id
 
 # fields that mean something here; everything else a request carries is logged (DEBUG) and ignored,
@@ -32,12 +32,10 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 async def messages(request: Request) -> Response:
     state = request.app.state.server
     body = Body(await read_json(request, state.config.max_body_bytes))
-    conv, kwargs = _conversation(body, state, "/v1/messages")
+    conv, kwargs, fmt = _conversation(body, state, "/v1/messages")
     params = sampling(body, state.limits(), max_tokens=body.int("max_tokens", lo=1),
                       stop=stop_strings(body, "stop_sequences"), temperature_max=1.0)
-    choice = body.data.get("tool_choice") or {}               # any / tool: enforced with the extra
-    grammar, what = tool_choice_grammar(state, conv, not choice.get("disable_parallel_tool_use", False))
-    params = constrained(params, grammar, what, what)
+    params = constrained(params, *_grammar(body, state, conv, fmt))
     stream = body.bool("stream", False)
     spec = await chat_spec(state, conv, params, kwargs, max_tokens_given=True)
     gen = Generation(state, spec, "/v1/messages", new_id("msg_"))
@@ -65,7 +63,7 @@ async def count_tokens(request: Request) -> Response:
     """The prompt's token count, whatever its length: clients count to decide when to compact."""
     state = request.app.state.server
     body = Body(await read_json(request, state.config.max_body_bytes))
-    conv, kwargs = _conversation(body, state, "/v1/messages/count_tokens")
+    conv, kwargs, _ = _conversation(body, state, "/v1/messages/count_tokens")
     params = sampling(Body({}), state.limits(), max_tokens=1, stop=(), temperature_max=1.0)
     spec = await chat_spec(state, conv, params, kwargs, check=False)
     return JSONResponse({"input_tokens": len(spec.prompt_ids)})
@@ -80,13 +78,12 @@ def usage(u: Usage) -> dict:
 def _conversation(body: Body, state, route: str):
     state.check_model(body.str("model", nonempty=True))
     _log_ignored(body, route)
-    body.default_only("output_format", (), "(structured output) is not supported")
+    fmt = _output_format(body)
     body.default_only("mcp_servers", ([],), "(the MCP connector) is not supported; run MCP servers in the client")
     conv = anthropic_conversation(body)
     kwargs = template_kwargs(body)
     if body.has("output_config"):
         config = body.obj("output_config")
-        config.default_only("format", (), "(structured output) is not supported")
         if config.has("effort"):
             logger.debug("%s: output_config.effort %r ignored (no effort control)", route, config.data["effort"])
     if body.has("thinking"):
@@ -95,7 +92,37 @@ def _conversation(body: Body, state, route: str):
         if thinking.int("budget_tokens", None, lo=0) is not None:
             logger.debug("%s: thinking.budget_tokens ignored (no thinking budget is enforced)", route)
         kwargs.setdefault("enable_thinking", kind != "disabled")    # the template's thinking switch
-    return conv, kwargs
+    return conv, kwargs, fmt
+
+
+def _output_format(body: Body) -> tuple[dict | None, str]:
+    """(the JSON schema structured output asks for, or None; the field that asked):
+    ``output_config.format``, or the older beta's top-level ``output_format``, both
+    ``{"type": "json_schema", "schema": {...}}``."""
+    config = body.obj("output_config", None)
+    given = [b.obj(key) for b, key in ((config, "format"), (body, "output_format")) if b is not None and b.has(key)]
+    if not given:
+        return None, ""
+    if len(given) > 1:
+        raise APIError(400, "give output_config.format or output_format (the older beta's name), not both",
+                       param="output_format")
+    given[0].str("type", choices=("json_schema",))
+    return given[0].obj("schema").data, given[0].path
+
+
+def _grammar(body: Body, state, conv, fmt: tuple[dict | None, str]) -> tuple[str | None, str, str]:
+    """(grammar, what, param) for ``constrained``: the format's, or tool_choice any / tool's. A
+    forced tool choice wins over a format: its output is a tool_use block, which no format
+    governs, while JSON text would break the forced call."""
+    choice = body.data.get("tool_choice") or {}
+    grammar, what = tool_choice_grammar(state, conv, not choice.get("disable_parallel_tool_use", False))
+    schema, where = fmt
+    if schema is None:
+        return grammar, what, what
+    if conv.tools and conv.choice not in ("auto", "none"):
+        logger.debug("/v1/messages: %s not enforced: tool_choice forces a tool call", where)
+        return grammar, what, what
+    return json_format_grammar("json_schema", schema), f"{where} json_schema", where
 
 
 def _log_ignored(body: Body, route: str) -> None:

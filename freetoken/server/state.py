@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freetoken.engine.async_engine import AsyncEngine, EngineNotReady
+from freetoken.server.budget import TokenLimit
 from freetoken.server.config import ServerConfig
 from freetoken.server.errors import APIError
 from freetoken.server.metrics import Metrics
@@ -58,7 +59,12 @@ class ServerState:
 
     @property
     def context_length(self) -> int | None:
-        return self.engine.max_model_len
+        """The most prompt + output tokens one request can hold, as server/budget.py enforces it:
+        the context length or the KV pool, whichever is smaller (a pool resize changes it); None
+        while loading."""
+        if self.engine.max_model_len is None:
+            return None
+        return TokenLimit.of(self.engine).tokens
 
     def limits(self, default_max_tokens: int | None = None) -> Limits:
         """Sampling defaults: the model's generation_config.json, then the APIs' documented ones."""

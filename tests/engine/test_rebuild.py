@@ -1,4 +1,6 @@
 """Elastic cache rebuild on the CPU path: resize, validation, rollback, busy rejection."""
+import logging
+
 import pytest
 
 from freetoken import LLM, SamplingParams
@@ -20,6 +22,26 @@ def test_resize_keeps_output_and_resets_counters(llm):
     assert llm.stats()["moe"]["total"]["hits"] == 0                 # cold cache, zeroed counters
     assert status["kv"]["prefix_cached_tokens"] == 0                # new KV pool: tree dropped
     assert llm.generate(PROMPT, params)[0].token_ids == before
+
+
+def test_a_rebuild_sizes_the_expert_cache_once(llm):
+    """The sizing rules run once per rebuild: their line (here the cap at L*E = 64) appears once,
+    then the rebuild's own."""
+    lines, log = [], logging.getLogger("freetoken")
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    handler, level = Keep(logging.INFO), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        assert llm.core.rebuild_cache(moe_cache_size=100)["moe"]["slots"] == 64
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert lines == ["expert cache: 100 slots asked, 64 (= L*E) are enough; using 64",
+                     f"cache rebuilt: expert cache 64 slots, KV pool {llm.core.kv.num_slots} tokens"], lines
 
 
 def test_invalid_geometry_changes_nothing(llm):

@@ -125,7 +125,8 @@ CASES = {
                                                     tool_choice={"type": "tool"}), 400),
     "anthropic thinking bad type": (msg(thinking={"type": "maybe"}), 400),
     "anthropic stop_sequences not a list": (msg(stop_sequences={"a": 1}), 400),
-    "anthropic structured output": (msg(output_config={"format": {"type": "json_schema", "schema": {}}}), 400),
+    "anthropic output format without schema": (msg(output_config={"format": {"type": "json_schema"}}), 400),
+    "anthropic output format json_object": (msg(output_format={"type": "json_object"}), 400),
     "anthropic clear_thinking keep bad": (msg(context_management={"edits": [
         {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": -1}}]}), 400),
     "anthropic beyond the context": (msg(messages=[{"role": "user", "content": LONG_PROMPT}]), 400),

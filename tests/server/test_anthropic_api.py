@@ -128,3 +128,27 @@ def test_bearer_and_system_blocks(fake_server):
             "metadata": {"user_id": "u"}}
     r = httpx.post(fake_server.url + "/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
     assert r.status_code == 200 and r.json()["content"][0]["text"] == "ok"
+
+
+def test_structured_output_without_the_grammar_extra_names_it(client, fake_server, monkeypatch):
+    """No llguidance: output_config.format (and the beta's output_format) get the OpenAI route's
+    400, in Anthropic's shape."""
+    from freetoken import grammar
+
+    def missing():
+        raise grammar.GrammarUnavailable(f"constrained decoding is not installed: {grammar.INSTALL_HINT}")
+    monkeypatch.setattr(grammar, "_llg", missing)
+    fmt = {"type": "json_schema", "schema": {"type": "object"}}
+    for extra, field in (({"output_config": {"format": fmt}}, "output_config.format"), ({"output_format": fmt}, "output_format")):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            say(client, "SAY:x", extra_body=extra)
+        body = e.value.response.json()
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+        assert body["error"]["message"] == (f"{field} json_schema needs constrained decoding, which is not "
+                                            f"installed: pip install 'freetoken[grammar]'"), body
+    r = httpx.post(fake_server.url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})
+    assert r.status_code == 400 and "needs constrained decoding, which is not installed: pip install 'freetoken[grammar]'" \
+        in r.json()["error"]["message"], r.text
+    assert say(client, "SAY:fine", output_config={"effort": "high"}).content[0].text == "fine"

@@ -1,5 +1,7 @@
 """AsyncEngine with the scripted core: failures, aborts, shutdown, idling (engine/async_engine.py)."""
 import asyncio
+import contextlib
+import logging
 import time
 
 import httpx
@@ -89,6 +91,59 @@ def test_failed_step_fails_its_requests_and_keeps_serving(fake_server):
     assert r.json()["choices"][0]["message"]["content"] == "still here"
     status = wait_idle(fake_server.url)
     assert status["kv"]["leaked"] == 0
+
+
+@contextlib.contextmanager
+def error_records():
+    """ERROR records of the freetoken logger (whatever handlers other tests left on it)."""
+    records, log = [], logging.getLogger("freetoken")
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+    handler = Keep(logging.ERROR)
+    log.addHandler(handler)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+
+
+@pytest.mark.parametrize("where", ["Request", "TextStream"])      # before and after the request is queued
+def test_a_bug_in_add_request_is_a_500_and_the_engine_keeps_serving(fake_server, monkeypatch, where):
+    import anthropic
+    import openai
+
+    from freetoken.engine import core
+    oa = openai.OpenAI(base_url=fake_server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    an = anthropic.Anthropic(base_url=fake_server.url, api_key="unused", max_retries=0, timeout=30)
+    other = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "REPEAT:30 SLEEP:10"}],
+                                       stream=True)
+    chunks = iter(other)
+    first = ""
+    while not first:                    # the role chunk comes before the request is submitted
+        first = next(chunks).choices[0].delta.content                 # running while the bug strikes
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected bug")
+    monkeypatch.setattr(core, where, broken)
+    with error_records() as records:
+        with pytest.raises(openai.InternalServerError) as e:
+            oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "SAY:x"}])
+        err = e.value.response.json()["error"]
+        assert err["type"] == "server_error" and err["message"] == "engine error: RuntimeError: injected bug", err
+        with pytest.raises(anthropic.InternalServerError) as e:
+            an.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "SAY:x"}])
+        assert e.value.response.json()["error"]["type"] == "api_error"
+    assert len(records) == 2, [r.getMessage() for r in records]
+    assert all(r.exc_info and "adding request" in r.getMessage() for r in records)
+    monkeypatch.undo()
+    rest = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert first + rest == "tok " * 30
+    r = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "SAY:still here"}])
+    assert r.choices[0].message.content == "still here"
+    status = wait_idle(fake_server.url)
+    assert status["kv"]["leaked"] == 0 and status["requests"]["waiting"] == 0
 
 
 def test_shutdown_ends_open_streams(demo_tokenizer):

@@ -97,6 +97,25 @@ def test_anthropic_prompt_too_long_and_count_tokens_still_counts(an):
     assert re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", err["message"])
 
 
+def test_models_report_what_a_small_kv_pool_leaves():
+    """`serve --num-kv-tokens 1000` on the demo model (context 2048): the model card's length is
+    what one request can hold, 1000, the number the 400 for a longer prompt names."""
+    proc = ServerProcess("--num-kv-tokens", "1000")
+    try:
+        oa = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        (card,) = oa.models.list().data
+        assert card.model_extra["max_model_len"] == card.model_extra["context_length"] == 1000
+        assert oa.models.retrieve(MODEL).model_extra["context_length"] == 1000
+        messages = [{"role": "user", "content": "def f(x):\n    return x\n" * 200}]      # 1000..2048 tokens
+        err = openai_error(lambda: oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=5))
+        assert err["context_length"] == 1000 and 1000 <= err["prompt_tokens"] < 2048, err
+        an = anthropic.Anthropic(base_url=proc.url, api_key="unused", max_retries=0, timeout=120)
+        err = anthropic_error(lambda: an.messages.create(model=MODEL, max_tokens=5, messages=messages))
+        assert err["message"].endswith("tokens > 999 maximum"), err
+    finally:
+        assert proc.stop() == 0, "".join(proc.stderr_lines)[-2000:]
+
+
 def test_kv_pool_smaller_than_the_context_is_the_limit(demo_tokenizer):
     server = ServerThread(lambda: FakeCore(demo_tokenizer, max_model_len=CONTEXT, kv_tokens=1024)).start()
     try:
@@ -109,6 +128,11 @@ def test_kv_pool_smaller_than_the_context_is_the_limit(demo_tokenizer):
         an = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
         err = anthropic_error(lambda: an.messages.create(model=MODEL, max_tokens=5, messages=messages))
         assert err["message"] == f"prompt is too long: {p} tokens > 1023 maximum"
+        assert oa.models.retrieve(MODEL).model_extra["context_length"] == 1024
+        r = httpx.post(server.url + "/v1/cache/rebuild", json={"num_kv_tokens": 512}, timeout=30)
+        assert r.status_code == 200, r.text
+        (card,) = oa.models.list().data                                     # the pool's new size
+        assert card.model_extra["max_model_len"] == card.model_extra["context_length"] == 512
     finally:
         server.stop()
 

@@ -1,8 +1,10 @@
 """Structured output enforced by constrained decoding (llguidance, the `grammar` extra), end to end:
-the official openai SDK against `python -m freetoken serve` on the packaged demo model. The tiny
+the official openai and anthropic SDKs against `python -m freetoken serve` on the packaged demo model. The tiny
 model writes code-like garbage unconstrained, so valid JSON here is the grammar's doing (the
 unconstrained control request shows it)."""
 import json
+import re
+import time
 
 import httpx
 import openai
@@ -38,6 +40,19 @@ def server(demo_server):
 @pytest.fixture(scope="module")
 def oa(demo_server):
     return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_start_up_says_constrained_decoding_is_on_and_the_first_request_is_constrained(server, oa):
+    """The first request of this module's fresh server: the llguidance tokenizer was built during
+    start-up (one log line before the ready line), not by this request on the engine thread."""
+    deadline = time.monotonic() + 10                  # stderr is read by a thread: it may lag stdout
+    while not (lines := [line for line in server.stderr_lines if "constrained decoding" in line]):
+        assert time.monotonic() < deadline, server.stderr_lines
+        time.sleep(0.05)
+    assert len(lines) == 1 and "constrained decoding: on (llguidance " in lines[0], lines
+    assert re.search(r"tokenizer of 4096 ids built in \d+\.\d\d s\)$", lines[0].strip()), lines
+    r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0, response_format=FORMAT)
+    assert valid(r.choices[0].message.content), r.choices[0].message.content
 
 
 def test_json_schema_is_enforced_and_the_control_is_not_json(oa):
@@ -172,3 +187,74 @@ def test_anthropic_tool_choice_any_and_tool_are_enforced(server):
         assert uses[0].name in ("read_file", "add") and isinstance(uses[0].input, dict)
         if choice["type"] == "tool":
             assert uses[0].name == "add" and set(uses[0].input) == {"a", "b"}
+
+
+@pytest.fixture(scope="module")
+def an(demo_server):
+    import anthropic
+    return anthropic.Anthropic(base_url=demo_server.url, api_key="unused", max_retries=0, timeout=300)
+
+
+def test_anthropic_output_config_format_is_enforced(an):
+    control = an.messages.create(model=MODEL, max_tokens=60, messages=ASK)
+    assert not valid(control.content[0].text)                       # unconstrained: not the schema
+    for seed in (None, 1, 2):
+        extra = {} if seed is None else {"temperature": 1.0, "seed": seed}
+        r = an.messages.create(model=MODEL, max_tokens=60, messages=ASK, extra_body=extra,
+                               output_config={"effort": "low", "format": {"type": "json_schema", "schema": SCHEMA}})
+        assert [b.type for b in r.content] == ["text"] and valid(r.content[0].text), (seed, r.content)
+        assert r.stop_reason == "end_turn"                          # the grammar ended it
+    with an.messages.stream(model=MODEL, max_tokens=60, messages=ASK, extra_body={"temperature": 1.0, "seed": 4},
+                            output_config={"format": {"type": "json_schema", "schema": SCHEMA}}) as stream:
+        text = "".join(stream.text_stream)
+    assert valid(text), text
+
+
+def test_anthropic_messages_parse_and_the_beta_output_format(an):
+    """The SDK's messages.parse turns a pydantic model into output_config.format (moving the
+    constraints it does not send into descriptions, so the fields here are closed sets); the older
+    beta sends the schema as the top-level output_format."""
+    from typing import Literal
+
+    import pydantic
+
+    class Pet(pydantic.BaseModel):
+        kind: Literal["cat", "dog"]
+        indoor: bool
+        legs: Literal[2, 3, 4]
+    parsed = an.messages.parse(model=MODEL, max_tokens=60, messages=ASK, output_format=Pet)
+    assert isinstance(parsed.parsed_output, Pet) and parsed.stop_reason == "end_turn", parsed.content
+    r = an.beta.messages.create(model=MODEL, max_tokens=60, messages=ASK, betas=["structured-outputs-2025-11-13"],
+                                extra_body={"output_format": {"type": "json_schema", "schema": SCHEMA}})
+    assert valid(r.content[0].text), r.content
+
+
+def test_anthropic_bad_formats_are_400_in_anthropic_shape(server, an):
+    import anthropic
+    bad = {"type": "json_schema", "schema": {"type": 5}}
+    cases = [({"output_config": {"format": bad}}, "schema"),
+             ({"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+               "output_format": {"type": "json_schema", "schema": SCHEMA}}, "not both"),
+             ({"output_format": {"type": "json_object"}}, "output_format.type"),
+             ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema is required")]
+    for extra, needle in cases:
+        with pytest.raises(anthropic.BadRequestError) as e:
+            an.messages.create(model=MODEL, max_tokens=20, messages=ASK, extra_body=extra)
+        body = e.value.response.json()
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+        assert needle in body["error"]["message"], (needle, body)
+    # streamed, a grammar the engine refuses is known only once the request reaches it: an error event
+    with httpx.stream("POST", server.url + "/v1/messages", timeout=60, json={
+            "model": MODEL, "max_tokens": 20, "messages": ASK, "stream": True, "output_config": {"format": bad}}) as r:
+        text = r.read().decode()
+    assert "event: error" in text and '"invalid_request_error"' in text and "schema" in text, text
+
+
+def test_anthropic_forced_tool_choice_wins_over_the_format(an):
+    tool = {"name": "add", "description": "Add.", "input_schema": TOOLS[1]["function"]["parameters"]}
+    tool["input_schema"] = {**tool["input_schema"], "properties": {k: {"type": "integer", "minimum": 0, "maximum": 99}
+                                                                   for k in ("a", "b")}}
+    r = an.messages.create(model=MODEL, max_tokens=120, messages=ASK, tools=[tool],
+                           tool_choice={"type": "tool", "name": "add", "disable_parallel_tool_use": True},
+                           output_config={"format": {"type": "json_schema", "schema": SCHEMA}})
+    assert r.stop_reason == "tool_use" and [b.type for b in r.content] == ["tool_use"], r.content
