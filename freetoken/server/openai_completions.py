@@ -1,10 +1,12 @@
 """POST /v1/completions (the legacy text API): prompt text or ids, `echo`, legacy `logprobs`
 (with the prompt's when echoing: what lm-evaluation-harness scores loglikelihood tasks with),
-`n` choices, and `max_tokens: 0` with `echo` to score a prompt without generating."""
+`n` choices, a batch of prompts (choice index = prompt index * n + j), and `max_tokens: 0` with
+`echo` to score a prompt without generating."""
 from __future__ import annotations
 
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import anyio
 from starlette.requests import Request
@@ -24,6 +26,7 @@ from freetoken.server.state import new_id
 
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
 LEGACY_MAX_TOKENS = 16       # /v1/completions' documented default
+MAX_SEQUENCES = 256          # prompts x n in one request; they queue behind --max-running-requests
 
 
 async def completions(request: Request) -> Response:
@@ -44,64 +47,89 @@ async def completions(request: Request) -> Response:
     params = replace(fields.with_penalties(body, params, engine.tokenizer.vocab_size), logprobs=k,
                      prompt_logprobs=k if echo else None)
     stream, include_usage = _stream_flags(body)
-    ids, prompt_text = await _prompt(body, engine.tokenizer)
-    params = check_prompt(engine, ids, params, max_tokens_given=body.has("max_tokens"))
-    gens = fan_out(state, GenSpec(ids, params), "/v1/completions", new_id("cmpl-"), fields.choices(body))
-    view = _View(TokenText(engine.tokenizer), ids, prompt_text if echo else None, k is not None, score_only)
-    head = {"id": gens[0].rid, "object": "text_completion", "created": int(time.time()), "model": body.data["model"]}
+    prompts, n = await _prompts(body, engine.tokenizer), fields.choices(body)
+    if len(prompts) * n > MAX_SEQUENCES:
+        raise APIError(400, f"{len(prompts)} prompts x n {n} is more than {MAX_SEQUENCES} sequences in one request",
+                       param="prompt")
+    rid = new_id("cmpl-")
+    gens = []
+    for p, (ids, _) in enumerate(prompts):       # choice index = prompt index * n + j, as OpenAI
+        spec = GenSpec(ids, check_prompt(engine, ids, params, max_tokens_given=body.has("max_tokens")))
+        gens += fan_out(state, spec, "/v1/completions", rid if p == 0 else f"{rid}-p{p}", n)
+    view = _View(TokenText(engine.tokenizer), prompts, n, echo, k is not None, score_only)
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body.data["model"]}
     if stream:
         return sse.response(_frames(gens, head, include_usage, view))
     results = await collect(request, gens)
     if results is None:
         return Response(status_code=499)
-    prompt_lps = results[0].prompt_logprobs
-    choices = [view.choice(i, r, prompt_lps) for i, r in enumerate(results)]
-    return JSONResponse({**head, "choices": choices,
-                         "usage": usage(view.usage(total_usage([r.done.usage for r in results])))})
+    choices = [view.choice(i, r, results[i - i % n].prompt_logprobs) for i, r in enumerate(results)]
+    return JSONResponse({**head, "choices": choices, "usage": usage(view.usage(results_usage(results, n)))})
+
+
+def results_usage(results, n: int) -> Usage:
+    """Each prompt counted once, every completion summed (OpenAI's usage for a batch)."""
+    per_prompt = [total_usage([r.done.usage for r in results[i:i + n]]) for i in range(0, len(results), n)]
+    return Usage(*(sum(getattr(u, f) for u in per_prompt) for f in ("prompt_tokens", "completion_tokens",
+                                                                     "cached_tokens")))
 
 
 class _View:
     """How this request's choices read: echoed prompt, legacy logprobs, scored-only prompts."""
 
-    def __init__(self, text: TokenText, ids, echo: str | None, logprobs: bool, score_only: bool):
-        self.text, self.ids, self.echo, self.logprobs, self.score_only = text, ids, echo, logprobs, score_only
+    def __init__(self, text: TokenText, prompts, n: int, echo: bool, logprobs: bool, score_only: bool):
+        self.text, self.prompts, self.n = text, prompts, n
+        self.echo, self.logprobs, self.score_only = echo, logprobs, score_only
+
+    def echoed(self, index: int) -> str:
+        return self.prompts[index // self.n][1] if self.echo else ""
 
     def choice(self, index: int, result, prompt_lps) -> dict:
-        body = self.logprobs_of([] if self.score_only else result.logprobs, prompt_lps, 0)
+        body = self.logprobs_of(index, [] if self.score_only else result.logprobs, prompt_lps, 0)
         finish = "length" if self.score_only else result.done.finish_reason
-        return {"index": index, "text": (self.echo or "") + ("" if self.score_only else result.text),
+        return {"index": index, "text": self.echoed(index) + ("" if self.score_only else result.text),
                 "logprobs": body, "finish_reason": finish}
 
-    def logprobs_of(self, lps, prompt_lps, offset: int) -> dict | None:
-        """The legacy logprobs object of these tokens (the prompt's first when echoing and
-        `prompt_lps` is given), or None when the request asked for none."""
+    def logprobs_of(self, index: int, lps, prompt_lps, offset: int) -> dict | None:
+        """The legacy logprobs object of choice `index`'s tokens (its prompt's first when
+        echoing and `prompt_lps` is given), or None when the request asked for none."""
         if not self.logprobs:
             return None
-        echo = (self.ids, prompt_lps) if self.echo is not None and prompt_lps is not None else None
+        ids = self.prompts[index // self.n][0]
+        echo = (ids, prompt_lps) if self.echo and prompt_lps is not None else None
         return completion_logprobs(self.text, lps, echo, offset)
 
     def usage(self, u: Usage) -> Usage:
         return replace(u, completion_tokens=0) if self.score_only else u
 
 
-async def _prompt(body: Body, tokenizer) -> tuple[list[int], str]:
-    """(token ids, prompt text) of a string, a one-item list of strings, or token ids (flat or a
-    one-item list of lists; their text is the decoded ids)."""
+async def _prompts(body: Body, tokenizer) -> list[tuple[list[int], str]]:
+    """(token ids, text) of each prompt: a string, token ids, or an array of either (a batch, as
+    lm-evaluation-harness sends); the text of ids is their decoding."""
     prompt = body.data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+    batch = prompt if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt) \
+        else [prompt]
+    if len(batch) > MAX_SEQUENCES:
+        raise APIError(400, f"at most {MAX_SEQUENCES} prompts per request", param="prompt")
+    out = []
+    for i, p in enumerate(batch):
+        out.append(await _one_prompt(p, tokenizer, "prompt" if batch[0] is prompt else f"prompt[{i}]"))
+    return out
+
+
+async def _one_prompt(prompt, tokenizer, param: str) -> tuple[list[int], str]:
     if isinstance(prompt, str):
         return await anyio.to_thread.run_sync(tokenizer.encode, prompt), prompt
     vocab = tokenizer.vocab_size
     if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < vocab for t in prompt):
         return list(prompt), tokenizer.decode(prompt, skip_special_tokens=False)
-    raise APIError(400, f"prompt must be a string or a non-empty list of token ids in [0, {vocab}) "
-                        "(one prompt per request)", param="prompt")
+    raise APIError(400, f"{param} must be a string, a non-empty list of token ids in [0, {vocab}), or an array "
+                        "of those", param=param)
 
 
 async def _frames(gens, head: dict, include_usage: bool, view: _View):
     extra = {"usage": None} if include_usage else {}
-    offsets, echoed, usages, prompt_lps = [0] * len(gens), [False] * len(gens), [], None
+    offsets, echoed, usages, prompt_lps = [0] * len(gens), [False] * len(gens), [None] * len(gens), {}
 
     def chunk(i: int, text: str, logprobs=None, finish=None) -> str:
         return sse.data({**head, "choices": [{"index": i, "text": text, "logprobs": logprobs,
@@ -111,27 +139,28 @@ async def _frames(gens, head: dict, include_usage: bool, view: _View):
             if isinstance(ev, Ping):
                 yield sse.OPENAI_PING
                 continue
-            if isinstance(ev, PromptLogprobs):     # the first choice's, first: every choice echoes them
-                prompt_lps = ev.entries
-            if view.echo is not None and not echoed[i]:
+            if isinstance(ev, PromptLogprobs):     # a prompt's first choice has them, before its others start
+                prompt_lps[i // view.n] = ev.entries
+            if view.echo and not echoed[i]:
                 echoed[i] = True
-                lp = view.logprobs_of([], prompt_lps, 0)
-                offsets[i] = _end(lp, len(view.echo))
-                yield chunk(i, view.echo, lp)
+                lp = view.logprobs_of(i, [], prompt_lps.get(i // view.n), 0)
+                offsets[i] = _end(lp, len(view.echoed(i)))
+                yield chunk(i, view.echoed(i), lp)
             if isinstance(ev, Text) and not view.score_only:
                 yield chunk(i, ev.text)
             elif isinstance(ev, Logprobs) and view.logprobs and not view.score_only:
-                lp = view.logprobs_of(ev.entries, None, offsets[i])
+                lp = view.logprobs_of(i, ev.entries, None, offsets[i])
                 offsets[i] = _end(lp, offsets[i])
                 yield chunk(i, "", lp)
             elif isinstance(ev, Done):
-                usages.append(ev.usage)
+                usages[i] = ev
                 yield chunk(i, "", finish="length" if view.score_only else ev.finish_reason)
     except GenerationError as e:
         yield error_frame(e)
         return
     if include_usage:
-        yield sse.data({**head, "choices": [], "usage": usage(view.usage(total_usage(usages)))})
+        done = [SimpleNamespace(done=d) for d in usages]
+        yield sse.data({**head, "choices": [], "usage": usage(view.usage(results_usage(done, view.n)))})
     yield "data: [DONE]\n\n"
 
 

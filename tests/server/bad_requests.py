@@ -99,7 +99,8 @@ CASES = {
     "reasoning_effort bad": (chat(reasoning_effort="extreme"), 400),
     "prompt beyond the context": (chat(messages=[{"role": "user", "content": LONG_PROMPT}]), 400),
     # OpenAI completions
-    "completions two prompts": (("POST", "/v1/completions", {"model": M, "prompt": ["a", "b"]}), 400),
+    "completions prompt batch with a bad item": (("POST", "/v1/completions", {"model": M, "prompt": ["a", 5]}), 400),
+    "completions too many sequences": (("POST", "/v1/completions", {"model": M, "prompt": ["a"] * 20, "n": 16}), 400),
     "completions token id out of range": (("POST", "/v1/completions", {"model": M, "prompt": [1, 10**9]}), 400),
     "completions max_tokens 0 without echo": (("POST", "/v1/completions", {"model": M, "prompt": "a",
                                                                          "max_tokens": 0}), 400),

@@ -123,3 +123,27 @@ def test_responses_logprobs_stream_and_not(oa):
     assert [e.logprob for e in done.logprobs] == [e.logprob for e in part.logprobs]
     plain = oa.responses.create(model=MODEL, input="Write a function.", max_output_tokens=4)
     assert next(i for i in plain.output if i.type == "message").content[0].logprobs == []
+
+
+def test_completions_batch_of_token_prompts_as_lm_eval_sends(oa, demo_tokenizer):
+    """lm-eval's loglikelihood payload with batch_size 2: two token-id prompts in one request;
+    choices come back per prompt (index = prompt * n + j) and score like single requests."""
+    a, b = demo_tokenizer.encode(PROMPT), demo_tokenizer.encode("class Foo:\n    def ")
+    payload = dict(model=MODEL, temperature=0, max_tokens=1, logprobs=1, seed=1234, echo=True)
+    r = oa.completions.create(prompt=[a, b], **payload)
+    assert [c.index for c in r.choices] == [0, 1]
+    for ids, choice in zip((a, b), r.choices):
+        alone = oa.completions.create(prompt=[ids], **payload).choices[0].logprobs
+        assert choice.logprobs.token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-5)
+        assert len(choice.logprobs.tokens) == len(ids) + 1
+    assert r.usage.prompt_tokens == len(a) + len(b) and r.usage.completion_tokens == 2
+    texts = oa.completions.create(model=MODEL, prompt=["x = ", "y = "], max_tokens=3, n=2, temperature=0)
+    assert [c.index for c in texts.choices] == [0, 1, 2, 3]
+    assert texts.choices[0].text == texts.choices[1].text and texts.usage.completion_tokens == 12
+    stream = list(oa.completions.create(model=MODEL, prompt=["x = ", "y = "], max_tokens=3, temperature=0,
+                                        echo=True, stream=True))
+    by_index = {}
+    for c in stream:
+        for ch in c.choices:
+            by_index[ch.index] = by_index.get(ch.index, "") + ch.text
+    assert by_index == {0: "x = " + texts.choices[0].text, 1: "y = " + texts.choices[2].text}
