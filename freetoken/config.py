@@ -9,7 +9,10 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+from freetoken.models import registry
+
+SUPPORTED_ARCHITECTURES = tuple(registry.ARCHITECTURES)
+FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
 
 
 class ConfigError(ValueError):
@@ -18,7 +21,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Qwen3-MoE model. Shape legend: H hidden, E experts, k routed, I expert width."""
+    """Shape of a Qwen3-MoE or hybrid (Gated DeltaNet) model. Shape legend: H hidden, E experts,
+    k routed, I expert width; GDN: Hk key heads, Hv value heads, Dk / Dv their dims, K conv kernel."""
 
     architecture: str
     vocab_size: int
@@ -40,6 +44,16 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
     torch_dtype: str = "bfloat16"
+    # hybrid models (registry.Family.hybrid); the defaults describe a model without GDN layers
+    layer_types: tuple[str, ...] = ()          # per layer FULL_ATTENTION | LINEAR_ATTENTION; () = all full
+    linear_num_key_heads: int = 0              # Hk
+    linear_num_value_heads: int = 0            # Hv (a multiple of Hk)
+    linear_key_head_dim: int = 0               # Dk
+    linear_value_head_dim: int = 0             # Dv
+    linear_conv_kernel_dim: int = 4            # K
+    shared_expert_intermediate_size: int = 0   # 0: no shared expert
+    partial_rotary_factor: float = 1.0         # fraction of head_dim that RoPE rotates
+    attn_output_gate: bool = False             # q_proj also yields a sigmoid gate per head
 
     @classmethod
     def from_hf(cls, model_dir: str | Path) -> "ModelConfig":
@@ -49,12 +63,13 @@ class ModelConfig:
         return cls.from_dict(json.loads(path.read_text()))
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> "ModelConfig":
+    def from_dict(cls, top: dict) -> "ModelConfig":
         """Map every Hugging Face key FreeToken uses, in one place."""
-        arch = (cfg.get("architectures") or [None])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ConfigError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        arch = (top.get("architectures") or [None])[0]
+        fam = registry.family(arch)
+        if fam is None:
+            raise ConfigError(f"unsupported architecture {arch!r}; supported: {registry.supported()}")
+        cfg = {**top, **top["text_config"]} if fam.text_config and "text_config" in top else top
         theta, scaling = _rope_fields(cfg)
         heads = cfg["num_attention_heads"]
         experts = cfg.get("num_experts", cfg.get("num_local_experts"))
@@ -81,7 +96,35 @@ class ModelConfig:
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+            **(_hybrid_fields(cfg) if fam.hybrid else {}),
         )
+
+    @property
+    def is_hybrid(self) -> bool:
+        return LINEAR_ATTENTION in self.layer_types
+
+    def is_linear_layer(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == LINEAR_ATTENTION
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        """Decoder-layer index of each GDN layer; the recurrent-state pool numbers them in order."""
+        return tuple(i for i in range(self.num_layers) if self.is_linear_layer(i))
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Decoder-layer index of each full-attention layer; the KV pool numbers them in order."""
+        return tuple(i for i in range(self.num_layers) if not self.is_linear_layer(i))
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(round(self.head_dim * self.partial_rotary_factor))
+
+    @property
+    def conv_dim(self) -> int:
+        """GDN conv channels C: q and k (Hk * Dk each) then v (Hv * Dv)."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
+            self.linear_num_value_heads * self.linear_value_head_dim
 
     def is_moe_layer(self, layer: int) -> bool:
         """HF Qwen3-MoE rule: sparse unless listed in mlp_only_layers or off the sparse step."""
@@ -92,6 +135,31 @@ class ModelConfig:
     def moe_layers(self) -> tuple[int, ...]:
         """Decoder-layer index of each MoE layer; the MoE cache numbers layers 0..len-1 in this order."""
         return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+
+def _hybrid_fields(cfg: dict) -> dict:
+    """The Gated DeltaNet hybrid keys (Qwen3-Next, Qwen3.5/3.6-MoE), checked for consistency."""
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if not types:        # every full_attention_interval-th layer is full attention
+        every = int(cfg.get("full_attention_interval") or 4)
+        types = [FULL_ATTENTION if (i + 1) % every == 0 else LINEAR_ATTENTION for i in range(n)]
+    if len(types) != n or any(t not in (FULL_ATTENTION, LINEAR_ATTENTION) for t in types):
+        raise ConfigError(f"layer_types must list {n} of {FULL_ATTENTION!r} / {LINEAR_ATTENTION!r}, got {types}")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act {cfg.get('hidden_act')!r}: Gated DeltaNet models need silu")
+    params = cfg.get("rope_parameters") or {}
+    out = dict(layer_types=tuple(types), linear_num_key_heads=int(cfg["linear_num_key_heads"]),
+               linear_num_value_heads=int(cfg["linear_num_value_heads"]),
+               linear_key_head_dim=int(cfg["linear_key_head_dim"]),
+               linear_value_head_dim=int(cfg["linear_value_head_dim"]),
+               linear_conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim", 4)),
+               shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+               partial_rotary_factor=float(cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))),
+               attn_output_gate=bool(cfg.get("attn_output_gate", True)))
+    if out["linear_num_value_heads"] % out["linear_num_key_heads"]:
+        raise ConfigError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+    return out
 
 
 def _rope_fields(cfg: dict) -> tuple[float, dict | None]:

@@ -11,15 +11,13 @@ import numpy as np
 
 from freetoken.config import EngineConfig
 from freetoken.engine.gpu_budget import context_len
-from freetoken.engine.kv_pool import KVPool
-from freetoken.engine.radix import RadixCache
+from freetoken.engine import build
 from freetoken.engine.request import InvalidRequest, Request, SamplingParams, Status
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
 from freetoken.log import logger
 from freetoken.cupy_loader import cupy as load_cupy
 
-KV_DEFAULT_BUDGET_BYTES = 1 << 30   # default KV pool cap when --num-kv-tokens is not given
 
 
 @dataclass
@@ -54,15 +52,15 @@ class EngineCore:
                            "guaranteed", self.max_model_len, cfg.max_position_embeddings,
                            cfg.max_position_embeddings)
         self._plan_gpu_memory()                       # before anything is placed on the device
-        self.weights = self._place_weights(self.weights)
+        self.weights = build.place_weights(self.ops, self.weights)
         self.kv = self._make_kv_pool()
+        self.states = build.make_states(cfg, self.config, self.ops.xp)
         self.moe = self._make_moe()
-        from freetoken.models.qwen3_moe import Qwen3Moe
-        self.model = Qwen3Moe(cfg, self.weights, self.ops, self.moe, self.kv)
+        self.model = build.make_model(cfg, self.weights, self.ops, self.moe, self.kv, self.states)
         self.forward = self._make_forward()
-        self.prefix_cache = RadixCache() if config.enable_prefix_cache else None
+        self.prefix_cache = build.prefix_cache_for(cfg, config)
         self.scheduler = Scheduler(self.kv, config.max_running_requests, config.chunked_prefill_size,
-                                   self.max_model_len, self.prefix_cache)
+                                   self.max_model_len, self.prefix_cache, self.states)
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
@@ -117,42 +115,9 @@ class EngineCore:
                 changes["moe_cache_size"] = 1
         self.config = self.config.replace(**changes)
 
-    def _place_weights(self, weights):
-        """Non-expert weights go to the backend's device; routed experts stay in host memory
-        (the MoE runtime decides where they run). A no-op on the numpy backends."""
-        if self.ops.name != "cuda":
-            return weights
-        from dataclasses import replace
-        dev = self.ops.to_device
-        layers = tuple(
-            replace(lw, **{f: dev(getattr(lw, f)) for f in ("input_norm", "post_norm", "qkv", "o_proj",
-                                                          "q_norm", "k_norm")},
-                    **({"router": dev(lw.router)} if lw.router is not None else
-                       {"gate_up": dev(lw.gate_up), "down": dev(lw.down)}))   # dense MLP layers
-            for lw in weights.layers)
-        embed = dev(weights.embed)
-        lm_head = embed if weights.lm_head is weights.embed else dev(weights.lm_head)
-        return replace(weights, embed=embed, final_norm=dev(weights.final_norm), lm_head=lm_head,
-                       layers=layers)
-
-    def _kv_dtype(self):
-        kind = self.config.kv_dtype
-        if kind == "auto":
-            kind = "float32" if self.weights.embed.dtype == np.float32 else "bfloat16"
-        return np.float32 if kind == "float32" else np.uint16
-
-    def _make_kv_pool(self) -> KVPool:
-        cfg, dtype = self.model_config, self._kv_dtype()
-        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize
-        tokens = self.config.num_kv_tokens
-        if tokens <= 0:
-            want = self.config.max_running_requests * self.max_model_len
-            tokens = max(min(want, KV_DEFAULT_BUDGET_BYTES // per_token), 1)
-            logger.info("KV pool: %d tokens (%s, %.1f MiB; %d running x %d context, capped at %d MiB)",
-                        tokens, np.dtype(dtype).name if dtype != np.uint16 else "bf16",
-                        tokens * per_token / 2**20, self.config.max_running_requests,
-                        self.max_model_len, KV_DEFAULT_BUDGET_BYTES >> 20)
-        return KVPool(cfg.num_layers, tokens, cfg.num_kv_heads, cfg.head_dim, dtype, self.ops.xp)
+    def _make_kv_pool(self):
+        from freetoken.engine.build import make_kv_pool
+        return make_kv_pool(self.model_config, self.config, self.weights, self.max_model_len, self.ops.xp)
 
     def _make_moe(self):
         """The MoE runtime over this backend's device; auto is resolved from the bandwidth profile
@@ -273,12 +238,13 @@ class EngineCore:
             return self.model.forward
         from freetoken.engine.graphs import DecodeGraphs
         fused = self.moe.stats().get("backend") == "fused"
-        enabled = fused and not self.config.disable_cuda_graph
+        hybrid = self.model_config.is_hybrid        # graphs do not capture the state-pool rows yet
+        enabled = fused and not self.config.disable_cuda_graph and not hybrid
         graphs = DecodeGraphs(self.model, self.ops, self.config.max_running_requests,
                               self.max_model_len, enabled=enabled)
         if not enabled:
-            logger.info("cuda graphs off (%s)", "--disable-cuda-graph" if fused else
-                        "the MoE backend is not fused")
+            logger.info("cuda graphs off (%s)", "a hybrid (Gated DeltaNet) model" if hybrid else
+                        "--disable-cuda-graph" if fused else "the MoE backend is not fused")
         graphs.capture_all(logger)      # before any request: capture writes dummy KV rows
         self.graphs = graphs
         return graphs.forward

@@ -109,6 +109,7 @@ class Request:
     output_counts: dict = field(default_factory=dict)   # token id -> occurrences in output_ids
     prompt_logprobs: list = field(default_factory=list)  # one TokenLogprob (None first) per prompt token
     output_logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked
+    state_row: int | None = None  # recurrent-state row (hybrid models), held while running
     prompt_unique: object = None  # sorted distinct prompt ids (the repetition penalty's), made once
 
     @property

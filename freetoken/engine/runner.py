@@ -31,9 +31,12 @@ def build_batch(schedule, alloc) -> ForwardBatch:
     for b, (req, n) in enumerate(schedule):
         table[b, :req.num_computed + n] = req.slots[:req.num_computed + n]
     as32 = lambda a: np.asarray(a, dtype=np.int32)
+    hybrid = schedule[0][0].state_row is not None
     return ForwardBatch(ids=as32(ids), positions=as32(positions), tok_seq=as32(tok_seq),
                         slots=as32(slots), slot_table=table, last_index=as32(last),
-                        prefill=any(n > 1 for _, n in schedule))
+                        prefill=any(n > 1 for _, n in schedule),
+                        seq_starts=as32(np.cumsum([0] + [n for _, n in schedule])) if hybrid else None,
+                        state_slots=as32([req.state_row for req, _ in schedule]) if hybrid else None)
 
 
 def run_step(forward, ops, schedule, alloc):

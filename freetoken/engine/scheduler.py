@@ -16,8 +16,9 @@ PROMPT_LOGPROB_ROWS = 512   # prompt positions per step of a request that wants 
 
 
 class Scheduler:
-    def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int, prefix_cache=None):
-        self.kv, self.cache = kv_pool, prefix_cache
+    def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int, prefix_cache=None,
+                 states=None):
+        self.kv, self.cache, self.states = kv_pool, prefix_cache, states   # states: StatePool (hybrid)
         self.max_running, self.chunk_size, self.max_model_len = max_running, chunk_size, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -75,6 +76,8 @@ class Scheduler:
                 self._drop_prefix(req)
                 break
             self.waiting.popleft()
+            if self.states is not None:
+                req.state_row = self.states.alloc()      # one row per running request: always free
             req.status = Status.RUNNING
             self.running.append(req)
             reserved += need
@@ -125,6 +128,9 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        if req.state_row is not None:
+            self.states.free(req.state_row)
+            req.state_row = None
         slots = req.slots
         if self.cache is not None and req.lock_node is not None:
             # Keep what was computed for later requests; free the slots the tree already had.

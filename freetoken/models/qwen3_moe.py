@@ -21,8 +21,10 @@ class ForwardBatch:
     tok_seq: np.ndarray      # int32[T] which sequence (row of slot_table) each token belongs to
     slots: np.ndarray        # int32[T] KV slot each new token is written to
     slot_table: np.ndarray   # int32[B, C] KV slot of every position of each sequence (padded)
-    last_index: np.ndarray   # int32[B] index into T of the token whose logits each sequence needs
+    last_index: np.ndarray   # int32[R] index into T of each token whose logits are needed (>= 1 per sequence)
     prefill: bool            # True when any sequence computes more than one token
+    seq_starts: np.ndarray | None = None   # int32[B+1] first token of each sequence in T (hybrid models)
+    state_slots: np.ndarray | None = None  # int32[B] recurrent-state row of each sequence (hybrid models)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:

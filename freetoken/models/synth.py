@@ -90,12 +90,14 @@ _BASE_EXP = 119
 def parse_spec(spec: str) -> tuple[str, SynthShape, int]:
     """'NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X]' -> (name, shape, seed);
     ConfigError when bad."""
+    from freetoken.models.synth_hybrid import PRESETS as HYBRID
     parts = [p.strip() for p in spec.split(",")]
     name = parts[0]
-    if name not in PRESETS:
-        raise ConfigError(f"unknown synthetic model {name!r}; presets: {', '.join(PRESETS)} "
+    presets = {**PRESETS, **HYBRID}
+    if name not in presets:
+        raise ConfigError(f"unknown synthetic model {name!r}; presets: {', '.join(presets)} "
                           f"(spec: synth:NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X])")
-    shape, seed = PRESETS[name], 0
+    shape, seed = presets[name], 0
     for part in parts[1:]:
         key, eq, value = part.partition("=")
         key = key.strip()
@@ -121,7 +123,7 @@ def parse_spec(spec: str) -> tuple[str, SynthShape, int]:
 
 def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
     """The config and in-memory weights of ``synth:spec`` (see the module docstring)."""
-    from freetoken.weights import LayerWeights, ModelWeights
+    from freetoken.weights import ModelWeights
     name, shape, seed = parse_spec(spec)
     cfg = ModelConfig.from_dict(shape.hf_config())
     nbytes = weight_bytes(cfg)
@@ -134,19 +136,12 @@ def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
     fill_bf16(np.empty(2, np.uint16), 0, 0)      # load (or compile) the kernel outside the timing
     t0 = time.perf_counter()
     gen = _Generator(seed)
-    H, V, D, E, I = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_experts, cfg.moe_intermediate_size
-    Hq, G = cfg.num_heads, cfg.num_kv_heads
+    embed = gen.matrix((cfg.vocab_size, cfg.hidden_size), shift=int(round(math.log2(shape.embed_scale))))
+    layers = _hybrid_layers(cfg, shape, gen) if cfg.is_hybrid else _moe_layers(cfg, shape, gen)
+    weights = ModelWeights(embed=embed, final_norm=gen.norm(cfg.hidden_size),
+                           lm_head=gen.matrix((cfg.vocab_size, cfg.hidden_size)), layers=layers)
     embed_shift = int(round(math.log2(shape.embed_scale)))
-    embed = gen.matrix((V, H), shift=embed_shift)
-    layers = []
-    for _ in range(cfg.num_layers):
-        layers.append(LayerWeights(
-            input_norm=gen.norm(H), post_norm=gen.norm(H),
-            qkv=gen.matrix(((Hq + 2 * G) * D, H)), o_proj=gen.matrix((H, Hq * D)),
-            q_norm=gen.norm(D, shape.qk_scale), k_norm=gen.norm(D, shape.qk_scale),
-            router=gen.matrix((E, H)), gate_up=gen.matrix((E, 2 * I, H)), down=gen.matrix((E, H, I))))
-    weights = ModelWeights(embed=embed, final_norm=gen.norm(H), lm_head=gen.matrix((V, H)),
-                           layers=tuple(layers))
+    E = cfg.num_experts
     dt = time.perf_counter() - t0
     _info(log, "synth:%s generated %.2f GB in %.2f s (%.1f GB/s); %d layers, %d experts top-%d, "
           "%.2f B params, embed_scale %g, qk_scale %g, seed %d", name, gen.nbytes / 1e9, dt,
@@ -155,8 +150,28 @@ def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
     return cfg, weights
 
 
+def _moe_layers(cfg: ModelConfig, shape, gen) -> tuple:
+    from freetoken.weights import LayerWeights
+    H, D, E, I = cfg.hidden_size, cfg.head_dim, cfg.num_experts, cfg.moe_intermediate_size
+    Hq, G = cfg.num_heads, cfg.num_kv_heads
+    return tuple(LayerWeights(
+        input_norm=gen.norm(H), post_norm=gen.norm(H),
+        qkv=gen.matrix(((Hq + 2 * G) * D, H)), o_proj=gen.matrix((H, Hq * D)),
+        q_norm=gen.norm(D, shape.qk_scale), k_norm=gen.norm(D, shape.qk_scale),
+        router=gen.matrix((E, H)), gate_up=gen.matrix((E, 2 * I, H)), down=gen.matrix((E, H, I)))
+        for _ in range(cfg.num_layers))
+
+
+def _hybrid_layers(cfg: ModelConfig, shape, gen) -> tuple:
+    from freetoken.models.synth_hybrid import layers
+    return layers(cfg, shape, gen)
+
+
 def weight_bytes(cfg: ModelConfig) -> int:
-    """bf16 bytes of every weight of a (all-MoE-layer) model of this config."""
+    """bf16 bytes of every weight of a model of this config (all MoE layers, or a hybrid)."""
+    if cfg.is_hybrid:
+        from freetoken.models.synth_hybrid import weight_bytes as hybrid_bytes
+        return hybrid_bytes(cfg)
     H, V, D, E, I = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_experts, cfg.moe_intermediate_size
     Hq, G = cfg.num_heads, cfg.num_kv_heads
     layer = 2 * H + (Hq + 2 * G) * D * H + H * Hq * D + 2 * D + E * H + 3 * E * I * H

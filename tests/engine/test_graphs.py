@@ -11,6 +11,8 @@ import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
+
+from freetoken.engine.request import SamplingParams
 import pytest
 
 from tests.helpers import assert_close
@@ -82,7 +84,7 @@ def demo():
 
 
 def _requests(B, rng, vocab):
-    return [SimpleNamespace(num_computed=0, slots=[],
+    return [SimpleNamespace(num_computed=0, slots=[], params=SamplingParams(), state_row=None,
                             all_ids=rng.integers(0, vocab, 20 + 37 * b).tolist()) for b in range(B)]
 
 

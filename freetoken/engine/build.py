@@ -1,0 +1,83 @@
+"""What EngineCore builds from a loaded model: device weights, the KV pool, the recurrent-state
+pool of a hybrid model, and the model object (through the architecture registry).
+
+Shape legend: La full-attention layers (all layers of a Qwen3-MoE), G kv heads, D head dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from freetoken.engine.kv_pool import KVPool
+from freetoken.log import logger
+
+KV_DEFAULT_BUDGET_BYTES = 1 << 30   # default KV pool cap when --num-kv-tokens is not given
+
+
+def place_weights(ops, weights):
+    """Non-expert weights go to the backend's device; routed experts stay in host memory (the
+    MoE runtime decides where they run). A no-op on the numpy backends."""
+    if ops.name != "cuda":
+        return weights
+    from dataclasses import replace
+
+    from freetoken.weights_hybrid import placed
+    dev = ops.to_device
+    embed = dev(weights.embed)
+    lm_head = embed if weights.lm_head is weights.embed else dev(weights.lm_head)
+    return replace(weights, embed=embed, final_norm=dev(weights.final_norm), lm_head=lm_head,
+                   layers=tuple(placed(lw, dev) for lw in weights.layers))
+
+
+def kv_dtype(config, weights):
+    kind = config.kv_dtype
+    if kind == "auto":
+        kind = "float32" if weights.embed.dtype == np.float32 else "bfloat16"
+    return np.float32 if kind == "float32" else np.uint16
+
+
+def make_kv_pool(cfg, config, weights, max_model_len: int, xp) -> KVPool:
+    """One KV array per full-attention layer (GDN layers keep no KV), sized from the flag or
+    running requests x context, capped at KV_DEFAULT_BUDGET_BYTES."""
+    dtype = kv_dtype(config, weights)
+    layers = len(cfg.attention_layers)
+    per_token = 2 * layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize
+    tokens = config.num_kv_tokens
+    if tokens <= 0:
+        want = config.max_running_requests * max_model_len
+        tokens = max(min(want, KV_DEFAULT_BUDGET_BYTES // per_token), 1)
+        logger.info("KV pool: %d tokens (%s, %.1f MiB; %d running x %d context, capped at %d MiB)",
+                    tokens, np.dtype(dtype).name if dtype != np.uint16 else "bf16",
+                    tokens * per_token / 2**20, config.max_running_requests, max_model_len,
+                    KV_DEFAULT_BUDGET_BYTES >> 20)
+    return KVPool(layers, tokens, cfg.num_kv_heads, cfg.head_dim, dtype, xp)
+
+
+def make_states(cfg, config, xp):
+    """The hybrid model's recurrent-state pool (one row per running request), or None."""
+    if not cfg.is_hybrid:
+        return None
+    from freetoken.engine.state_pool import StatePool
+    rows = config.max_running_requests
+    states = StatePool.for_model(cfg, rows, xp)
+    logger.info("recurrent-state pool: %d rows x %d GDN layers (%.1f MiB a request, %.1f MiB in all, fp32)",
+                rows, len(cfg.linear_layers), StatePool.bytes_per_row(cfg) / 2**20, states.bytes / 2**20)
+    return states
+
+
+def make_model(cfg, weights, ops, moe, kv, states):
+    from freetoken.models.registry import model_class
+    cls = model_class(cfg.architecture)
+    return cls(cfg, weights, ops, moe, kv, states) if states is not None else cls(cfg, weights, ops, moe, kv)
+
+
+def prefix_cache_for(cfg, config):
+    """The radix prefix cache, unless turned off or the model is a hybrid: a KV prefix is only
+    reusable with the recurrent state after it, and this build keeps no state checkpoints."""
+    from freetoken.engine.radix import RadixCache
+    if not config.enable_prefix_cache:
+        return None
+    if cfg.is_hybrid:
+        logger.info("prefix cache off: a hybrid (Gated DeltaNet) model can reuse a cached prefix only with "
+                    "the recurrent state after it, and no state checkpoints are kept yet")
+        return None
+    return RadixCache()

@@ -1,0 +1,54 @@
+"""Recurrent-state pool of a Gated DeltaNet hybrid: one row per running request, every GDN layer.
+
+A row holds, per GDN layer, the conv state (the last K-1 conv inputs) and the delta-rule state,
+both float32; the request owns its row from admission to finish. Rows are zeroed when handed out
+(a new sequence starts from zero state). Sized once at start-up: --max-running-requests rows.
+Shape legend: Lg GDN layers, N rows, K conv kernel, C conv channels, Hv value heads, Dk/Dv dims.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class StatePool:
+    def __init__(self, num_layers: int, rows: int, conv_dim: int, kernel: int, value_heads: int,
+                 key_dim: int, value_dim: int, xp=np):
+        self.rows = rows
+        self.conv = xp.zeros((num_layers, rows, kernel - 1, conv_dim), np.float32)           # [Lg, N, K-1, C]
+        self.rule = xp.zeros((num_layers, rows, value_heads, key_dim, value_dim), np.float32)  # [Lg, N, Hv, Dk, Dv]
+        self._free = list(range(rows - 1, -1, -1))
+
+    @classmethod
+    def for_model(cls, cfg, rows: int, xp=np) -> "StatePool":
+        return cls(len(cfg.linear_layers), rows, cfg.conv_dim, cfg.linear_conv_kernel_dim,
+                   cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, xp)
+
+    @staticmethod
+    def bytes_per_row(cfg) -> int:
+        per_layer = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim + \
+            cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+        return 4 * per_layer * len(cfg.linear_layers)
+
+    def layer(self, j: int):
+        """(conv states [N, K-1, C], rule states [N, Hv, Dk, Dv]) of GDN layer j, written in place."""
+        return self.conv[j], self.rule[j]
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def bytes(self) -> int:
+        return int(self.conv.nbytes + self.rule.nbytes)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise RuntimeError(f"all {self.rows} recurrent-state rows are in use")
+        row = self._free.pop()
+        self.conv[:, row] = 0
+        self.rule[:, row] = 0
+        return row
+
+    def free(self, row: int) -> None:
+        assert row not in self._free, "state row freed twice"
+        self._free.append(row)

@@ -1,0 +1,53 @@
+"""Weights of one decoder layer of a Gated DeltaNet hybrid (Qwen3-Next, Qwen3.5/3.6-MoE).
+
+Layout of the arrays the model (models/qwen3_next.py) reads; the HF loader (hf_hybrid.py) and
+the synthetic generator (models/synth.py) both produce it. bf16 travels as uint16; A_log and
+dt_bias are always float32 (they feed an exp and a softplus). RMSNorm weights are stored as the
+factor the model multiplies by: the checkpoint's (1 + w) for the Gemma-style norms.
+Shape legend: H hidden, Hq query heads, G kv heads, D head dim, Hk / Hv GDN key / value heads,
+Dk / Dv their dims, C = 2*Hk*Dk + Hv*Dv conv channels, K conv kernel, E experts, I expert width,
+Is shared-expert width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class HybridLayerWeights:
+    input_norm: np.ndarray              # [H]
+    post_norm: np.ndarray               # [H]
+    # gated full attention (None on GDN layers)
+    qkv: np.ndarray | None = None       # [2*Hq*D + 2*G*D, H]: per head [query D | gate D], then k, then v
+    o_proj: np.ndarray | None = None    # [H, Hq*D]
+    q_norm: np.ndarray | None = None    # [D]
+    k_norm: np.ndarray | None = None    # [D]
+    # Gated DeltaNet (None on attention layers)
+    in_proj: np.ndarray | None = None   # [C + Hv*Dv + 2*Hv, H]: rows q, k, v (the conv's C) | z | b | a
+    conv: np.ndarray | None = None      # [C, K]
+    A_log: np.ndarray | None = None     # f32[Hv]
+    dt_bias: np.ndarray | None = None   # f32[Hv]
+    gdn_norm: np.ndarray | None = None  # [Dv] (used as stored: no 1 + w)
+    out_proj: np.ndarray | None = None  # [H, Hv*Dv]
+    # MLP: routed experts (router not None) or a dense SwiGLU as a one-expert bank
+    router: np.ndarray | None = None    # [E, H]
+    gate_up: np.ndarray | None = None   # [E, 2I, H] gate rows first
+    down: np.ndarray | None = None      # [E, H, I]
+    shared_gate_up: np.ndarray | None = None  # [1, 2*Is, H]
+    shared_down: np.ndarray | None = None     # [1, H, Is]
+    shared_gate: np.ndarray | None = None     # [1, H]: sigmoid(h @ shared_gate.T) scales the shared expert
+
+    @property
+    def is_linear(self) -> bool:
+        return self.in_proj is not None
+
+
+def placed(lw, dev):
+    """The layer with every array moved by ``dev`` except the routed expert banks, which stay in
+    host memory for the MoE runtime (a dense layer's one-expert bank moves: it always runs)."""
+    from dataclasses import replace
+    keep = {"gate_up", "down"} if lw.router is not None else set()
+    return replace(lw, **{f.name: dev(getattr(lw, f.name)) for f in fields(lw)
+                          if f.name not in keep and getattr(lw, f.name) is not None})
