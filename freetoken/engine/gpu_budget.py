@@ -36,6 +36,7 @@ class GpuPlan:
     expert_bytes: int        # expert_slots x bytes of one expert (gate_up + down)
     total_experts: int       # Lm * E
     capped_by: str           # "--gpu-memory-gb" or "free memory"
+    state_bytes: int = 0     # a hybrid's recurrent-state pool (one fp32 row per running request)
 
     @property
     def fits_all_experts(self) -> bool:
@@ -50,7 +51,8 @@ class GpuPlan:
         return (f"budget {gb(self.budget_bytes)}: weights {gb(self.weights_bytes)}, "
                 f"KV {gb(self.kv_bytes)} ({self.kv_tokens} tokens), expert cache "
                 f"{gb(self.expert_bytes)} ({self.expert_slots} slots = "
-                f"{100 * self.expert_fraction:.0f}% of experts), workspace {gb(self.workspace_bytes)}")
+                f"{100 * self.expert_fraction:.0f}% of experts), workspace {gb(self.workspace_bytes)}"
+                + (f", recurrent states {gb(self.state_bytes)}" if self.state_bytes else ""))
 
 
 def dtype_bytes(cfg: ModelConfig) -> int:
@@ -59,7 +61,12 @@ def dtype_bytes(cfg: ModelConfig) -> int:
 
 
 def weight_bytes(cfg: ModelConfig) -> int:
-    """Everything but the routed experts: embeddings, lm_head, attention, norms, routers, dense MLPs."""
+    """Everything but the routed experts: embeddings, lm_head, attention, norms, routers, dense MLPs
+    (a hybrid's: its GDN layers and shared experts too)."""
+    if cfg.is_hybrid:
+        from freetoken.models.synth_hybrid import weight_bytes as all_bf16
+        routed = len(cfg.moe_layers) * cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+        return (all_bf16(cfg) // 2 - routed) * dtype_bytes(cfg)
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     n = cfg.vocab_size * H * (1 if cfg.tie_word_embeddings else 2) + H
     for layer in range(cfg.num_layers):
@@ -75,7 +82,15 @@ def expert_bytes(cfg: ModelConfig) -> int:
 
 def kv_bytes_per_token(cfg: ModelConfig, ec: EngineConfig) -> int:
     kind = ec.kv_dtype if ec.kv_dtype != "auto" else ("float32" if dtype_bytes(cfg) == 4 else "bfloat16")
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (4 if kind == "float32" else 2)
+    return 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * (4 if kind == "float32" else 2)
+
+
+def state_bytes(cfg: ModelConfig, ec: EngineConfig) -> int:
+    """A hybrid's recurrent-state pool: one fp32 row per running request (engine/state_pool.py)."""
+    if not cfg.is_hybrid:
+        return 0
+    from freetoken.engine.state_pool import StatePool
+    return StatePool.bytes_per_row(cfg) * ec.max_running_requests
 
 
 def context_len(cfg: ModelConfig, ec: EngineConfig) -> int:
@@ -137,13 +152,13 @@ def plan_gpu_memory(cfg: ModelConfig, engine_config: EngineConfig, free_bytes: i
     usable = int(free_bytes * (1 - RESERVE))
     cap = int(getattr(ec, "gpu_memory_gb", 0.0) * GB)   # EngineConfig field --gpu-memory-gb (0: none)
     budget, capped_by = (cap, "--gpu-memory-gb") if 0 < cap < usable else (usable, "free memory")
-    weights, work = weight_bytes(cfg), workspace_bytes(cfg, ec)
-    left = budget - weights - work
+    weights, work, states = weight_bytes(cfg), workspace_bytes(cfg, ec), state_bytes(cfg, ec)
+    left = budget - weights - work - states
     if left <= 0:
-        raise ConfigError(f"weights ({weights / GB:.2f} GB) and workspace ({work / GB:.2f} GB) "
-                          f"exceed the GPU budget of {budget / GB:.2f} GB ({capped_by})")
+        raise ConfigError(f"weights ({weights / GB:.2f} GB), workspace ({work / GB:.2f} GB) and recurrent "
+                          f"states ({states / GB:.2f} GB) exceed the GPU budget of {budget / GB:.2f} GB ({capped_by})")
     kv_tokens = _kv_tokens(cfg, ec, left)
     kv = kv_tokens * kv_bytes_per_token(cfg, ec)
     slots = _expert_slots(cfg, ec, left - kv)
     return GpuPlan(budget, weights, work, kv, kv_tokens, slots, slots * expert_bytes(cfg),
-                   len(cfg.moe_layers) * cfg.num_experts, capped_by)
+                   len(cfg.moe_layers) * cfg.num_experts, capped_by, states)
