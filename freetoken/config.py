@@ -91,7 +91,7 @@ class ModelConfig:
             num_experts=int(experts),
             num_experts_per_tok=cfg["num_experts_per_tok"],
             moe_intermediate_size=cfg["moe_intermediate_size"],
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            norm_topk_prob=fam.router_renormalises or bool(cfg.get("norm_topk_prob", False)),
             intermediate_size=cfg.get("intermediate_size", cfg["moe_intermediate_size"]),
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),

@@ -209,11 +209,15 @@ def _encode(arr: np.ndarray, tag: str) -> np.ndarray:
 
 # --- Qwen3-MoE loader ------------------------------------------------------------------------
 
-def load_weights(model_dir: str | Path, cfg: ModelConfig) -> ModelWeights:
-    """Load a Qwen3-MoE checkpoint into ModelWeights: uint16 when the checkpoint is (mostly) bf16,
-    float32 otherwise; arrays whose stored dtype already matches stay memory-mapped."""
+def load_weights(model_dir: str | Path, cfg: ModelConfig, log=None) -> ModelWeights:
+    """Load a Qwen3-MoE checkpoint (a hybrid's: hf_hybrid.py) into ModelWeights: uint16 when the
+    checkpoint is (mostly) bf16, float32 otherwise; arrays whose stored dtype already matches stay
+    memory-mapped."""
     ck = Checkpoint(model_dir)
     dtype = np.dtype(np.uint16) if ck.bf16_majority() else np.dtype(np.float32)
+    if cfg.is_hybrid:
+        from freetoken.hf_hybrid import load_hybrid
+        return load_hybrid(ck, cfg, dtype, log)
     V, H = cfg.vocab_size, cfg.hidden_size
     embed = _load(ck, "model.embed_tokens.weight", (V, H), dtype)
     lm_head = embed if cfg.tie_word_embeddings else _load(ck, "lm_head.weight", (V, H), dtype)

@@ -48,7 +48,7 @@ def load_model(model: str | None, log) -> LoadedModel:
     else:
         path = resolve_model_dir(model, log)
         cfg = ModelConfig.from_hf(path)
-        loaded = LoadedModel(path.name, path, cfg, load_weights(path, cfg), Tokenizer.from_dir(path))
+        loaded = LoadedModel(path.name, path, cfg, load_weights(path, cfg, log), Tokenizer.from_dir(path))
     cfg = loaded.config
     log.info("loaded %s (%d layers, %d experts, top-%d) in %.2f s", loaded.name, cfg.num_layers,
              cfg.num_experts, cfg.num_experts_per_tok, time.perf_counter() - t0)

@@ -16,15 +16,17 @@ class Family:
     text_config: bool = False  # the text model's fields sit under config.json's "text_config"
     hybrid: bool = False      # Gated DeltaNet layers between gated full-attention layers
     gemma_norms: bool = False  # RMSNorm weights are stored as w - 1 (the model scales by 1 + w)
+    router_renormalises: bool = False  # top-k weights always renormalised (norm_topk_prob ignored)
 
 
 QWEN3_MOE = Family("Qwen3-MoE", "freetoken.models.qwen3_moe:Qwen3Moe")
-QWEN3_5_MOE = Family("Qwen3.5/3.6-MoE", "freetoken.models.qwen3_next:Qwen3Next", hybrid=True, gemma_norms=True)
+QWEN3_5_MOE = Family("Qwen3.5/3.6-MoE", "freetoken.models.qwen3_next:Qwen3Next", hybrid=True, gemma_norms=True,
+                     router_renormalises=True)
 
 ARCHITECTURES: dict[str, Family] = {
     "Qwen3MoeForCausalLM": QWEN3_MOE,
     "Qwen3_5MoeForConditionalGeneration": Family(QWEN3_5_MOE.name, QWEN3_5_MOE.model_class, text_config=True,
-                                                 hybrid=True, gemma_norms=True),
+                                                 hybrid=True, gemma_norms=True, router_renormalises=True),
     "Qwen3_5MoeForCausalLM": QWEN3_5_MOE,
     "Qwen3NextForCausalLM": Family("Qwen3-Next", QWEN3_5_MOE.model_class, hybrid=True, gemma_norms=True),
 }
