@@ -12,7 +12,8 @@ from typing import Callable
 from freetoken.cupy_loader import cupy as load_cupy, emulated
 
 OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
-            "experts", "sampling", "penalties", "logprobs")
+            "experts", "sampling", "penalties", "logprobs", "gdn_conv", "gated_rms_norm",
+            "sigmoid_mul")
 BACKENDS = ("ref", "cpu", "cuda")
 
 
@@ -35,6 +36,9 @@ class Ops:
     sampling: Callable
     penalties: Callable
     logprobs: Callable
+    gdn_conv: Callable
+    gated_rms_norm: Callable
+    sigmoid_mul: Callable
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
@@ -95,6 +99,9 @@ _RESULTS = {
     "logprobs": lambda xp, logits, chosen, k, *_: (xp.empty(logits.shape[0], xp.float32),
                                                    xp.empty((logits.shape[0], k), xp.int32),
                                                    xp.empty((logits.shape[0], k), xp.float32)),
+    "gdn_conv": lambda xp, x, *_: xp.empty_like(x),
+    "gated_rms_norm": lambda xp, x, *_: xp.empty_like(x),
+    "sigmoid_mul": lambda xp, x, *_: xp.empty_like(x),
 }
 
 

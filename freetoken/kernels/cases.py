@@ -4,7 +4,8 @@ tests/kernels/test_signatures.py: ``build(op, dims, dtype, rng) -> Case``.
 A Case holds host inputs in the op's argument order, how to preallocate ``out`` on a backend,
 which arrays hold the results, and napkin numbers for a benchmark: the bytes a call must move at
 least (each input read once, each output written once) and its flops. Default dims are decode
-sized, from Qwen3-30B-A3B (H 2048, 32 query heads, 4 kv heads, D 128, 128 experts, k 8).
+sized, from Qwen3-30B-A3B (H 2048, 32 query heads, 4 kv heads, D 128, 128 experts, k 8), and for
+the Gated DeltaNet ops from Qwen3.6 (16 key heads and 32 value heads of 128, conv kernel 4).
 """
 from __future__ import annotations
 
@@ -140,6 +141,38 @@ def _logprobs(d, dtype, rng):
                 nbytes=4 * B * V + 8 * B + 8 * B * k, flops=3 * B * V, tol=(1e-5, 1e-6))
 
 
+def _gdn_conv(d, dtype, rng):
+    """B sequences in shuffled state slots of N, sequence b with L - b % L tokens (decode: L = 1;
+    L > 1 mixes lengths, some under K-1), states nonzero as for continuing sequences."""
+    B, L, C, K, N = d["B"], d["L"], d["C"], d["K"], d["N"]
+    lens = L - np.arange(B) % L
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    T = int(starts[-1])
+    x = _weights(rng, (T, C), "f32")
+    states = _weights(rng, (N, K - 1, C), "f32")
+    slots = rng.permutation(N)[:B].astype(np.int32)
+    return Case("gdn_conv", d, (x, _weights(rng, (C, K), dtype, 0.5), states, slots, starts),
+                _out((T, C)), lambda ins, out: {"out": out, "conv_states": ins[2]},
+                nbytes=8 * T * C + 8 * B * (K - 1) * C + _wb(dtype) * C * K + 8 * B,
+                flops=2 * T * C * K + 4 * T * C, tol=(1e-5, 1e-5))
+
+
+def _gated_rms_norm(d, dtype, rng):
+    R, D = d["R"], d["D"]
+    x, z = _weights(rng, (R, D), "f32", 3.0), _weights(rng, (R, D), "f32", 2.0)
+    return Case("gated_rms_norm", d, (x, z, _weights(rng, D, dtype), 1e-6), _out((R, D)),
+                _only_out, nbytes=12 * R * D + _wb(dtype) * D, flops=9 * R * D, tol=(1e-5, 1e-5))
+
+
+def _sigmoid_mul(d, dtype, rng):
+    """full=1: a gate per element (gated attention); full=0: one per row (the shared expert)."""
+    R, D = d["R"], d["D"]
+    x = _weights(rng, (R, D), "f32", 2.0)
+    gate = _weights(rng, (R, D) if d["full"] else (R, 1), "f32", 3.0)
+    return Case("sigmoid_mul", d, (x, gate), _out((R, D)), _only_out,
+                nbytes=8 * R * D + 4 * gate.size, flops=4 * R * D, tol=(1e-6, 1e-5))
+
+
 def _linear(d, dtype, rng):
     T, K, M = d["T"], d["K"], d["M"]
     x, w = _weights(rng, (T, K), "f32"), _weights(rng, (M, K), dtype, K ** -0.5)
@@ -186,6 +219,11 @@ OPS = {  # op -> (default dims, builder)
     "linear": (dict(T=4, K=2048, M=4096), _linear),
     "attention": (dict(B=4, C=1024, Hq=32, G=4, D=128), _attention),
     "experts": (dict(T=4, H=2048, I=768, S=16, k=8), _experts),
+    # Gated DeltaNet (Qwen3.6 decode, 4 sequences): conv channels 2*16*128 + 32*128, kernel 4;
+    # the output norm per value head (4 tokens x 32 heads of 128); the attention output gate
+    "gdn_conv": (dict(B=4, L=1, C=8192, K=4, N=16), _gdn_conv),
+    "gated_rms_norm": (dict(R=128, D=128), _gated_rms_norm),
+    "sigmoid_mul": (dict(R=4, D=4096, full=1), _sigmoid_mul),
 }
 
 

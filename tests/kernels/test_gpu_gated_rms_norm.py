@@ -1,0 +1,50 @@
+"""gated_rms_norm.gpu vs ref on the device at awkward sizes, in place of x and of z; outputs
+poisoned with NaN."""
+import numpy as np
+import pytest
+
+from freetoken.cupy_loader import cupy as load_cupy
+from freetoken.kernels import gated_rms_norm
+from tests.helpers import assert_close
+from tests.kernels.test_gated_rms_norm import gated_args
+
+pytestmark = pytest.mark.gpu
+CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (2, 1000), (1, 7), (128, 128)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("R,D", CASES, ids=[f"R{r}-D{d}" for r, d in CASES])
+def test_gpu_matches_ref(R, D, dtype):
+    cp = load_cupy()
+    x, z, w = gated_args(np.random.default_rng(R * 1000 + D), R, D, dtype)
+    out = cp.full((R, D), np.nan, cp.float32)
+    assert gated_rms_norm.gpu(cp.asarray(x), cp.asarray(z), cp.asarray(w), 1e-6, out) is out
+    assert_close(f"gated_rms_norm gpu R{R} D{D}", gated_rms_norm.ref(x, z, w, 1e-6), out.get(),
+                 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("target", ["x", "z"])
+def test_gpu_in_place(target):
+    cp = load_cupy()
+    x, z, w = gated_args(np.random.default_rng(9), 9, 128, "bf16")
+    dx, dz = cp.asarray(x), cp.asarray(z)
+    gated_rms_norm.gpu(dx, dz, cp.asarray(w), 1e-6, dx if target == "x" else dz)
+    got = (dx if target == "x" else dz).get()
+    assert_close(f"in place of {target}", gated_rms_norm.ref(x, z, w, 1e-6), got, 1e-5, 1e-5)
+
+
+def test_gpu_zero_rows_launch_nothing():
+    cp = load_cupy()
+    out = cp.empty((0, 128), cp.float32)
+    e = cp.empty((0, 128), cp.float32)
+    gated_rms_norm.gpu(e, e, cp.ones(128, cp.float32), 1e-6, out)
+
+
+@pytest.mark.heavy
+def test_gpu_qwen36_prefill_rows():
+    """A 256-token prefill of Qwen3.6's 32 value heads of 128."""
+    cp = load_cupy()
+    x, z, w = gated_args(np.random.default_rng(3), 256 * 32, 128, "bf16")
+    out = cp.full(x.shape, np.nan, cp.float32)
+    gated_rms_norm.gpu(cp.asarray(x), cp.asarray(z), cp.asarray(w), 1e-6, out)
+    assert_close("gated_rms_norm qwen3.6", gated_rms_norm.ref(x, z, w, 1e-6), out.get(), 1e-5, 1e-5)
