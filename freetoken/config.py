@@ -69,7 +69,9 @@ class ModelConfig:
         fam = registry.family(arch)
         if fam is None:
             raise ConfigError(f"unsupported architecture {arch!r}; supported: {registry.supported()}")
-        cfg = {**top, **top["text_config"]} if fam.text_config and "text_config" in top else top
+        cfg = top
+        if fam.text_config and "text_config" in top:   # the wrapper's own tie flag wins (transformers reads only it)
+            cfg = {**top, **top["text_config"], "tie_word_embeddings": top.get("tie_word_embeddings", False)}
         theta, scaling = _rope_fields(cfg)
         heads = cfg["num_attention_heads"]
         experts = cfg.get("num_experts", cfg.get("num_local_experts"))
@@ -155,7 +157,7 @@ def _hybrid_fields(cfg: dict) -> dict:
                linear_value_head_dim=int(cfg["linear_value_head_dim"]),
                linear_conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim", 4)),
                shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
-               partial_rotary_factor=float(cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))),
+               partial_rotary_factor=float(cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 0.25))),
                attn_output_gate=bool(cfg.get("attn_output_gate", True)))
     if out["linear_num_value_heads"] % out["linear_num_key_heads"]:
         raise ConfigError("linear_num_value_heads must be a multiple of linear_num_key_heads")
