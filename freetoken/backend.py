@@ -12,7 +12,7 @@ from typing import Callable
 from freetoken.cupy_loader import cupy as load_cupy, emulated
 
 OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
-            "experts", "sampling", "penalties", "logprobs")
+            "experts", "sampling", "penalties", "logprobs", "gdn_rule")
 BACKENDS = ("ref", "cpu", "cuda")
 
 
@@ -35,6 +35,7 @@ class Ops:
     sampling: Callable
     penalties: Callable
     logprobs: Callable
+    gdn_rule: Callable
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
@@ -95,6 +96,7 @@ _RESULTS = {
     "logprobs": lambda xp, logits, chosen, k, *_: (xp.empty(logits.shape[0], xp.float32),
                                                    xp.empty((logits.shape[0], k), xp.int32),
                                                    xp.empty((logits.shape[0], k), xp.float32)),
+    "gdn_rule": lambda xp, q, k, v, *_: xp.empty_like(v),
 }
 
 

@@ -27,6 +27,8 @@ def test_module_entry_point_checks_rms_norm():
     ("sampling", "B=5,V=1000", "f32"),
     ("penalties", "B=3,V=1001,N=400", "f32"),
     ("logprobs", "B=5,V=1000,k=20", "f32"),
+    ("gdn_rule", "B=3,T=5,Hk=2,Hv=4,Dk=16,Dv=24,N=5", "f32"),
+    ("gdn_rule", "B=2,T=70,Hk=2,Hv=4,Dk=32,Dv=16,N=3", "f32"),
 ])
 def test_check_passes_on_cpu(op, shape, dtype, capsys):
     assert main(["kernel", op, "--check", "--shape", shape, "--dtype", dtype]) == 0
@@ -59,7 +61,8 @@ def test_compare_reports_worst_index():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["embedding", "rms_norm", "add_rms_norm", "rope", "linear", "kv_write",
-                                "attention", "router", "experts", "sampling", "penalties", "logprobs"])
+                                "attention", "router", "experts", "sampling", "penalties", "logprobs",
+                                "gdn_rule"])
 def test_every_op_passes_on_the_device(op):
     """`kernel OP --device cuda --check` at each op's default shape (a GPU, or the emulated one)."""
     proc = subprocess.run([sys.executable, "-m", "freetoken", "kernel", op, "--device", "cuda",

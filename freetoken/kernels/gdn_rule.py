@@ -9,6 +9,8 @@ S = states[seq_slots[b]] f32[Hv,Dk,Dv], read and written in place. Per token, va
     S = exp(g) * S;  u = S^T kn;  S += kn (x) beta * (v - u);  out = S^T qn
 ``ref`` is that recurrence, token by token. ``ref_chunked`` is the same map in the chunked form
 prefill uses (see its docstring), written once in numpy as the spec the chunked kernels follow.
+``cpu`` runs numba kernels of both forms (_gdn_cpu.py, _gdn_chunked.py), ``gpu`` the token loop
+of cuda/gdn_rule.cu.
 """
 import numpy as np
 
@@ -18,7 +20,7 @@ CHUNK = 64                      # tokens per chunk of the chunked form (FLA's ch
 
 
 def gates(a, b, A_log, dt_bias):
-    """a, b f32[T,Hv], A_log, dt_bias f32[Hv] -> (g f32[T,Hv] the log decay <= 0, beta f32[T,Hv])."""
+    """a, b f32[T,Hv], A_log, dt_bias f32[Hv] -> (g, beta) f32[T,Hv], g the log decay (<= 0)."""
     x = (a + dt_bias).astype(np.float32)
     with np.errstate(over="ignore"):   # exp overflows only where the threshold discards it
         soft = np.where(x > SOFTPLUS_LINEAR, x, np.log1p(np.exp(np.minimum(x, SOFTPLUS_LINEAR))))
@@ -134,4 +136,87 @@ def ref_chunked(q, k, v, a, b, A_log, dt_bias, states, seq_slots, seq_starts, ou
     if out is None:
         return res
     out[...] = res
+    return out
+
+
+# --- cpu (numba: freetoken/kernels/_gdn_cpu.py, _gdn_chunked.py) ---------------------------------
+
+# Runs of at least CHUNKED_MIN_T tokens take the chunked kernel, shorter ones (decode) the
+# recurrent one; None: the recurrent kernel at every length. None because on the 2-core AVX2
+# dev box the recurrent kernel is as fast at T = 512 and 15-20% faster at T = 2048
+# (bench/gdn.py): the chunked form does ~1.4x the multiply-adds of the recurrence, which only
+# GEMM-grade throughput would repay. The tests run both with 64.
+CHUNKED_MIN_T = None
+
+
+def _validate(states, seq_slots, seq_starts, T):
+    """The numba kernels index without bounds checks: refuse bad rows or token ranges here."""
+    B = seq_slots.shape[0]
+    if B and (seq_slots.min() < 0 or seq_slots.max() >= states.shape[0]):
+        raise IndexError(f"gdn_rule: a seq_slot outside [0, {states.shape[0]})")
+    if np.unique(seq_slots).size != B:
+        raise ValueError("gdn_rule: two sequences share a state row")
+    if seq_starts[0] < 0 or seq_starts[-1] > T or (np.diff(seq_starts) < 0).any():
+        raise IndexError(f"gdn_rule: seq_starts not a non-decreasing split of [0, {T}]")
+
+
+def cpu(q, k, v, a, b, A_log, dt_bias, states, seq_slots, seq_starts, out=None):
+    """Same contract as ``ref``. Each sequence takes the recurrent or the chunked kernel by its
+    length (CHUNKED_MIN_T); both run parallel over (sequence, value head).
+    ``states`` must be C-contiguous float32 (it is written in place); tokens outside every
+    sequence are left unwritten."""
+    from freetoken.kernels import _gdn_chunked, _gdn_cpu
+    _check(q, k, v, a, b, states, seq_slots, seq_starts)
+    assert states.dtype == np.float32 and states.flags.c_contiguous, (states.dtype, states.strides)
+    q, k, v, a, b, A_log, dt_bias = (np.ascontiguousarray(x, np.float32)
+                                     for x in (q, k, v, a, b, A_log, dt_bias))
+    slots, starts = (np.ascontiguousarray(x, np.int32) for x in (seq_slots, seq_starts))
+    _validate(states, slots, starts, q.shape[0])
+    if out is None:
+        out = np.empty(v.shape, np.float32)
+    assert out.shape == v.shape and out.dtype == np.float32 and out.flags.c_contiguous, out.shape
+    lens = np.diff(starts)
+    chunked = lens >= (CHUNKED_MIN_T or np.iinfo(np.int32).max)
+    short = np.flatnonzero((lens > 0) & ~chunked).astype(np.int32)
+    long_ = np.flatnonzero((lens > 0) & chunked).astype(np.int32)
+    inputs = (q, k, v, a, b, A_log, dt_bias, states, slots, starts)
+    if short.size:
+        _gdn_cpu.recurrent(*inputs, short, out)
+    if long_.size:
+        _gdn_chunked.chunked(*inputs, long_, CHUNK, out)
+    return out
+
+
+# --- gpu (cuda/gdn_rule.cu) ----------------------------------------------------------------------
+
+ROWS_PER_THREAD = 16  # GDN_RPT in gdn_rule.cu: a thread keeps 16 state values in registers
+COLS = 32             # state columns per block: a warp's lanes
+
+ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
+    "gdn_rule_f32": ("q:f32*", "k:f32*", "v:f32*", "a:f32*", "b:f32*", "A_log:f32*",
+                     "dt_bias:f32*", "states:f32*", "seq_slots:i32*", "seq_starts:i32*",
+                     "out:f32*", "Hk:i32", "Hv:i32", "Dk:i32", "Dv:i32"),
+}
+
+
+def gpu(q, k, v, a, b, A_log, dt_bias, states, seq_slots, seq_starts, out):
+    """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,Hv,Dv] is required. One block per
+    (32-column tile, value head, sequence), looping the sequence's tokens with the tile of the
+    state in registers (see cuda/gdn_rule.cu). No host synchronisation: seq_slots and seq_starts
+    are read on the device, so they are not validated (capture-safe)."""
+    from freetoken.kernels import _cuda
+    _check(q, k, v, a, b, states, seq_slots, seq_starts)
+    T, Hk, Dk = q.shape
+    _, Hv, Dv = v.shape
+    B = seq_slots.shape[0]
+    assert out.shape == v.shape, ("out", out.shape, v.shape)
+    assert A_log.shape == dt_bias.shape == (Hv,), (A_log.shape, dt_bias.shape, Hv)
+    assert 0 < Dk <= 32 * ROWS_PER_THREAD and Dv > 0, (Dk, Dv)
+    if B == 0 or T == 0:
+        return out
+    args = _cuda.bind(ARGS["gdn_rule_f32"], q=q, k=k, v=v, a=a, b=b, A_log=A_log,
+                      dt_bias=dt_bias, states=states, seq_slots=seq_slots, seq_starts=seq_starts,
+                      out=out, Hk=Hk, Hv=Hv, Dk=Dk, Dv=Dv)
+    block = 32 * -(-Dk // ROWS_PER_THREAD)
+    _cuda.launch(_cuda.kernel("gdn_rule", "gdn_rule_f32"), (-(-Dv // COLS), Hv, B), (block,), args)
     return out
