@@ -12,7 +12,7 @@ from typing import Callable
 from freetoken.cupy_loader import cupy as load_cupy, emulated
 
 OP_NAMES = ("embedding", "rms_norm", "rope", "linear", "kv_write", "attention", "router",
-            "experts", "sampling", "penalties", "logprobs", "gdn_conv", "gated_rms_norm",
+            "experts", "sampling", "penalties", "logprobs", "gdn_conv", "gdn_rule", "gated_rms_norm",
             "sigmoid_mul")
 BACKENDS = ("ref", "cpu", "cuda")
 
@@ -39,6 +39,7 @@ class Ops:
     gdn_conv: Callable
     gated_rms_norm: Callable
     sigmoid_mul: Callable
+    gdn_rule: Callable
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
@@ -102,6 +103,7 @@ _RESULTS = {
     "gdn_conv": lambda xp, x, *_: xp.empty_like(x),
     "gated_rms_norm": lambda xp, x, *_: xp.empty_like(x),
     "sigmoid_mul": lambda xp, x, *_: xp.empty_like(x),
+    "gdn_rule": lambda xp, q, k, v, *_: xp.empty_like(v),
 }
 
 

@@ -30,6 +30,8 @@ def test_module_entry_point_checks_rms_norm():
     ("gdn_conv", "B=3,L=5,C=40,K=4,N=7", "bf16"),
     ("gated_rms_norm", "R=5,D=72", "f32"),
     ("sigmoid_mul", "R=3,D=50,full=0", "f32"),
+    ("gdn_rule", "B=3,T=5,Hk=2,Hv=4,Dk=16,Dv=24,N=5", "f32"),
+    ("gdn_rule", "B=2,T=70,Hk=2,Hv=4,Dk=32,Dv=16,N=3", "f32"),
 ])
 def test_check_passes_on_cpu(op, shape, dtype, capsys):
     assert main(["kernel", op, "--check", "--shape", shape, "--dtype", dtype]) == 0
@@ -63,7 +65,7 @@ def test_compare_reports_worst_index():
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["embedding", "rms_norm", "add_rms_norm", "rope", "linear", "kv_write",
                                 "attention", "router", "experts", "sampling", "penalties",
-                                "logprobs", "gdn_conv", "gated_rms_norm", "sigmoid_mul"])
+                                "logprobs", "gdn_conv", "gdn_rule", "gated_rms_norm", "sigmoid_mul"])
 def test_every_op_passes_on_the_device(op):
     """`kernel OP --device cuda --check` at each op's default shape (a GPU, or the emulated one)."""
     proc = subprocess.run([sys.executable, "-m", "freetoken", "kernel", op, "--device", "cuda",

@@ -206,6 +206,30 @@ def _experts(d, dtype, rng):
                 flops=6 * int((ids >= 0).sum()) * I * H, tol=(1e-3, 1e-3))
 
 
+def _gdn_rule(d, dtype, rng):
+    """B sequences of T tokens each (decode: T = 1), in shuffled state rows of N, the states
+    non-zero (a running sequence); gates spread as in a trained model (A up to 16, one head past
+    softplus's linear threshold). fp32 only: ``dtype`` is unused."""
+    B, T, Hk, Hv, Dk, Dv, N = (d[n] for n in ("B", "T", "Hk", "Hv", "Dk", "Dv", "N"))
+    if N < B or Hv % Hk:
+        raise ValueError(f"gdn_rule: need N >= B and Hv % Hk == 0, got {d}")
+    R = B * T
+    f = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+    a = f(R, Hv) * 2
+    a[:, 0] = 25.0
+    A_log = np.log(rng.uniform(1.0, 16.0, Hv)).astype(np.float32)
+    states = f(N, Hv, Dk, Dv) * np.float32(0.1)
+    slots = rng.permutation(N)[:B].astype(np.int32)
+    starts = (np.arange(B + 1) * T).astype(np.int32)
+    ins = (f(R, Hk, Dk), f(R, Hk, Dk), f(R, Hv, Dv), a, f(R, Hv), A_log, f(Hv) - 2, states,
+           slots, starts)
+    state_bytes = 2 * B * Hv * Dk * Dv * 4                    # read once, written once
+    return Case("gdn_rule", d, ins, _out((R, Hv, Dv)),
+                lambda ins, out: {"out": out, "states": ins[7]},
+                nbytes=state_bytes + 4 * R * (2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv),
+                flops=7 * R * Hv * Dk * Dv, tol=(2e-5, 1e-4))
+
+
 OPS = {  # op -> (default dims, builder)
     "embedding": (dict(T=64, H=2048, V=8192), _embedding),
     "rms_norm": (dict(R=64, H=2048), _rms_norm),
@@ -224,6 +248,8 @@ OPS = {  # op -> (default dims, builder)
     "gdn_conv": (dict(B=4, L=1, C=8192, K=4, N=16), _gdn_conv),
     "gated_rms_norm": (dict(R=128, D=128), _gated_rms_norm),
     "sigmoid_mul": (dict(R=4, D=4096, full=1), _sigmoid_mul),
+    # Qwen3.6's GDN layer at decode: 4 sequences x 1 token (T = tokens per sequence)
+    "gdn_rule": (dict(B=4, T=1, Hk=16, Hv=32, Dk=128, Dv=128, N=8), _gdn_rule),
 }
 
 

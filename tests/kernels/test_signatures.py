@@ -19,7 +19,7 @@ C_TYPES = {  # C parameter type (const and __restrict__ dropped) -> ARGS type ta
 }
 # ops whose gpu wrapper this file dry-runs on numpy arrays (their builders live in cases.py)
 DRY_RUN = ("embedding", "rms_norm", "add_rms_norm", "rope", "kv_write", "router", "sampling",
-           "penalties", "logprobs", "gdn_conv", "gated_rms_norm", "sigmoid_mul")
+           "penalties", "logprobs", "gdn_conv", "gdn_rule", "gated_rms_norm", "sigmoid_mul")
 
 
 def _param(p):

@@ -1,0 +1,79 @@
+"""gdn_rule.gpu vs ref on the device: decode and varlen prefill (the kernel loops tokens), GVA
+and Hv == Hk, shuffled state rows; outputs are poisoned (NaN) before the launch, so a row the
+kernel missed shows up, and unused state rows must come back bit for bit."""
+import numpy as np
+import pytest
+
+from freetoken.cupy_loader import cupy as load_cupy
+from freetoken.kernels import gdn_rule
+from tests.kernels.test_gdn_rule import TOL, random_args, run
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpu(args):
+    """(out, states) of gpu on device copies of ``args``."""
+    cp = load_cupy()
+    dev = [cp.asarray(a) for a in args]
+    out = cp.full(args[2].shape, np.nan, cp.float32)
+    assert gdn_rule.gpu(*dev, out) is out
+    return out.get(), dev[7].get()
+
+
+def check_gpu(args):
+    expect, expect_states = run(gdn_rule.ref, args)
+    got, states = _gpu(args)
+    np.testing.assert_allclose(got, expect, **TOL)
+    np.testing.assert_allclose(states, expect_states, **TOL)
+    unused = np.setdiff1d(np.arange(states.shape[0]), args[8])
+    np.testing.assert_array_equal(states[unused], args[7][unused])
+
+
+@pytest.mark.parametrize("B,Hk,Hv,Dk,Dv", [(1, 1, 1, 16, 32), (5, 2, 4, 40, 37), (3, 3, 3, 8, 70),
+                                           (2, 1, 2, 33, 1)])
+def test_gpu_decode(B, Hk, Hv, Dk, Dv):
+    check_gpu(random_args(np.random.default_rng(B * Dk + Dv), [1] * B, Hk, Hv, Dk, Dv,
+                          N=2 * B + 1))
+
+
+@pytest.mark.parametrize("lens", [[65], [3, 0, 1, 20], [64, 2]])
+@pytest.mark.parametrize("init", [0.0, 0.5])
+def test_gpu_prefill_varlen(lens, init):
+    check_gpu(random_args(np.random.default_rng(sum(lens)), lens, 2, 4, 16, 24, init=init))
+
+
+@pytest.mark.parametrize("decay", [1e-3, 30.0])
+def test_gpu_long_memory_and_strong_decay(decay):
+    check_gpu(random_args(np.random.default_rng(3), [40, 1], 1, 2, 24, 8, decay=decay))
+
+
+def test_gpu_empty_batch_and_empty_sequences():
+    for lens in ([], [0, 0]):
+        args = random_args(np.random.default_rng(4), lens, N=3)
+        got, states = _gpu(args)
+        assert got.shape == (0, 4, 8)
+        np.testing.assert_array_equal(states, args[7])
+
+
+def test_gpu_wrong_shapes_are_refused():
+    cp = load_cupy()
+    dev = [cp.asarray(a) for a in random_args(np.random.default_rng(5), [2, 1])]
+    with pytest.raises(AssertionError, match="out"):
+        gdn_rule.gpu(*dev, cp.empty((3, 4, 7), cp.float32))
+    dev[5] = dev[5][:2]                              # A_log [2] for 4 value heads
+    with pytest.raises(AssertionError):
+        gdn_rule.gpu(*dev, cp.empty((3, 4, 8), cp.float32))
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("lens", [[1, 1, 1, 1], [1] * 16, [130, 1]])
+def test_gpu_qwen_shape(lens):
+    """Qwen3.6's GDN layer: Hk 16, Hv 32, Dk = Dv = 128; decode at batch 4 and 16, a prefill
+    over two chunk edges beside a decode sequence."""
+    check_gpu(random_args(np.random.default_rng(len(lens)), lens, 16, 32, 128, 128, init=0.1))
+
+
+@pytest.mark.heavy
+def test_gpu_widest_key_head():
+    """Dk = 512: 32 warps x 16 rows, the largest block (1024 threads)."""
+    check_gpu(random_args(np.random.default_rng(6), [3, 1], 1, 2, 512, 40))
