@@ -1,0 +1,47 @@
+"""A Gated DeltaNet hybrid checkpoint as shipped on the hub, through the CLI and the server: the
+Qwen3-Next fixture (tests/fixtures/hf/qwen3next) with `generate --model DIR` and `serve --model
+DIR` answering the openai SDK with the tokens transformers' greedy decoding gives."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from server_helpers import ServerProcess
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3next" / "fp32"
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return np.load(FIXTURE / "expected.npz")
+
+
+def test_generate_cli_prints_transformers_greedy_text(expected, demo_tokenizer):
+    want = demo_tokenizer.decode(expected["greedy_ids"][:12].tolist())
+    r = subprocess.run([sys.executable, "-m", "freetoken", "generate", "--model", str(FIXTURE), "--backend", "cpu",
+                        "--prompt", str(expected["prompt_text"]), "--max-tokens", "12", "--ignore-eos"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith(want.rstrip()[:20]), (r.stdout, want)
+    assert "prefix cache off" in r.stderr and "recurrent-state pool" in r.stderr
+
+
+def test_serve_answers_through_the_sdk(expected, demo_tokenizer):
+    proc = ServerProcess("--model", str(FIXTURE), "--backend", "cpu")
+    try:
+        oa = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        ids = expected["prompt_ids"].tolist()
+        r = oa.completions.create(model="fp32", prompt=ids, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 8
+        assert r.choices[0].text == demo_tokenizer.decode(expected["greedy_ids"][:8].tolist())
+        card = oa.models.list().data[0]
+        assert card.id == "fp32"
+        chat = oa.chat.completions.create(model="fp32", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert chat.choices[0].finish_reason in ("stop", "length")
+    finally:
+        log = "".join(proc.stderr_lines)
+        assert proc.stop() == 0, log[-3000:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
