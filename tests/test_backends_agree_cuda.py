@@ -103,3 +103,14 @@ def test_logprobs_and_penalties_on_cuda_match_cpu():
     for a, b in zip(cuda.logprobs + cuda.prompt_logprobs[1:], cpu.logprobs + cpu.prompt_logprobs[1:]):
         assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-4
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+@pytest.mark.parametrize("moe", ["fused", "hybrid"])
+@pytest.mark.parametrize("name", ["qwen35moe_text", "qwen3next"])
+def test_hybrid_fixtures_on_cuda_match_transformers(name, moe):
+    """The Gated DeltaNet hybrids on the device (gdn_conv / gdn_rule / gated_rms_norm /
+    sigmoid_mul gpu kernels, the state pool in device memory): transformers' logits within 2e-4
+    at every position and its 32 greedy tokens."""
+    from tests.models.test_hf_hybrid_parity import check_fixture
+    options = MOE[moe] if moe == "fused" else dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3)
+    check_fixture(name, "cuda", **options)
