@@ -1,7 +1,7 @@
 """End-to-end CPU decode speed against this machine's memory read bandwidth; pairs:
 docs/performance.md ("CPU decode"), freetoken/models/synth.py, freetoken/kernels/_membw.py.
 
-    .venv/bin/python bench/decode_cpu.py [--models demo,synth:medium] [--rounds 3]
+    .venv/bin/python bench/decode_cpu.py [--models demo,synth:medium,synth:qwen3.6-35b-a3b,layers=4] [--rounds 3]
         [--prompt 64] [--decode 128] [--threads N] [--profile] [--out bench/results/decode_cpu.json]
 
 A model is 'demo' (the packaged one), a model directory or synth:NAME; MODEL@BACKEND sets the
@@ -49,35 +49,41 @@ from freetoken.kernels._numba import load_numba                # noqa: E402
 # --- bytes ------------------------------------------------------------------------------------
 
 def weight_stats(cfg, w) -> dict:
-    """Parameter count and the weight bytes one decode token reads (see the module doc)."""
+    """Parameter count and the weight bytes one decode token reads (see the module doc); for a
+    hybrid also the recurrent state each token reads and writes (state_bytes)."""
     arrays = {id(a): a for a in _arrays(w)}
     params = sum(a.size for a in arrays.values())
-    item = w.embed.itemsize
     k = cfg.num_experts_per_tok
-    per_token = w.embed.shape[1] * item + w.final_norm.nbytes + w.lm_head.nbytes
+    per_token = w.embed.shape[1] * w.embed.itemsize + w.final_norm.nbytes + w.lm_head.nbytes
     experts = 0
     for lw in w.layers:
-        per_token += (lw.input_norm.nbytes + lw.post_norm.nbytes + lw.qkv.nbytes + lw.o_proj.nbytes
-                      + lw.q_norm.nbytes + lw.k_norm.nbytes)
-        if lw.router is None:                 # dense MLP: its one "expert" is read whole
-            per_token += lw.gate_up.nbytes + lw.down.nbytes
-        else:
-            per_token += lw.router.nbytes
+        routed = {"gate_up", "down"} if lw.router is not None else set()
+        per_token += sum(a.nbytes for name, a in _layer_arrays(lw) if name not in routed)
+        if routed:
             experts += k * (lw.gate_up[0].nbytes + lw.down[0].nbytes)
+    state = 0
+    if cfg.is_hybrid:
+        from freetoken.engine.state_pool import StatePool
+        state = 2 * StatePool.bytes_per_row(cfg)          # read and written once per token
     return dict(params=int(params), weight_bytes=int(sum(a.nbytes for a in arrays.values())),
-                active_bytes=int(per_token + experts), active_expert_bytes=int(experts))
+                active_bytes=int(per_token + experts + state), active_expert_bytes=int(experts),
+                state_bytes=int(state))
+
+
+def _layer_arrays(lw):
+    """(field name, array) of every weight array of a layer (Qwen3-MoE or hybrid)."""
+    return [(f.name, getattr(lw, f.name)) for f in dataclasses.fields(lw) if getattr(lw, f.name) is not None]
 
 
 def _arrays(w):
     yield from (w.embed, w.final_norm, w.lm_head)
     for lw in w.layers:
-        yield from (a for a in (lw.input_norm, lw.post_norm, lw.qkv, lw.o_proj, lw.q_norm,
-                                lw.k_norm, lw.router, lw.gate_up, lw.down) if a is not None)
+        yield from (a for _, a in _layer_arrays(lw))
 
 
 def kv_bytes_per_token(cfg, kv_itemsize: int, context: int) -> int:
     """KV cache bytes attention reads for one decode token at this context length."""
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_itemsize * context
+    return 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * kv_itemsize * context
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -214,6 +220,18 @@ def machine() -> dict:
                 date=time.strftime("%Y-%m-%d %H:%M"))
 
 
+def model_specs(text: str) -> list[str]:
+    """The --models list: commas separate models, except before a synth option (NAME=VALUE),
+    which belongs to the synth:SPEC before it (synth:qwen3.6-35b-a3b,layers=4)."""
+    specs: list[str] = []
+    for part in text.split(","):
+        if specs and "=" in part.split("@")[0] and specs[-1].startswith("synth:"):
+            specs[-1] += "," + part
+        else:
+            specs.append(part)
+    return specs
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="demo,synth:medium",
@@ -236,12 +254,15 @@ def main(argv=None):
     print(f"# {info['cpu']}, {info['cores']} cores, {threads} threads, {info['date']}", flush=True)
 
     models = {}
-    for spec in args.models.split(","):
+    for spec in model_specs(args.models):
         spec = spec.strip()
         model, _, moe_backend = spec.partition("@")
         t0 = time.perf_counter()
+        # no prefix cache: every round repeats the prompt, which would otherwise come from the
+        # cache and make the prefill column a cache hit (hybrids keep no prefix cache at all)
         llm = LLM(model=None if model == "demo" else model, backend="cpu", max_running_requests=1,
-                  moe_backend=moe_backend or args.moe_backend, moe_cpu_threads=threads)
+                  moe_backend=moe_backend or args.moe_backend, moe_cpu_threads=threads,
+                  enable_prefix_cache=False)
         cfg = llm.core.model_config
         rng = np.random.default_rng(0)
         vocab = min(cfg.vocab_size, llm.tokenizer.vocab_size)
