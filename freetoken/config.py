@@ -201,6 +201,12 @@ class EngineConfig:
                           ("auto", "bfloat16", "float32"))
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")
     enable_prefix_cache: bool = _flag(True, "reuse the KV of cached prompt prefixes (radix tree)")
+    state_checkpoint_mb: int = _flag(2048, "hybrid models: host memory for recurrent-state checkpoints, "
+                                     "which let a cached prefix be reused (0: none, so nothing is reused)")
+    no_semantic_anchors: bool = _flag(False, "hybrid models: do not checkpoint at turn ends, </think>, "
+                                      "tool-call openers and tool results")
+    state_checkpoint_interval: int = _flag(4096, "hybrid models: also checkpoint every N prompt tokens "
+                                           "(0: only at anchors)")
     moe_backend: str = _flag("auto", "how routed experts run", ("auto", "fused", "offload", "cpu", "hybrid"))
     moe_cache_size: int = _flag(0, "expert cache slots (0: from --moe-cache-rate or the memory budget)")
     moe_cache_rate: float = _flag(0.0, "expert cache size as a fraction of all L*E experts")

@@ -335,6 +335,8 @@ class AsyncEngine:
                                if idle else 0)
         moe = getattr(core, "moe", None)
         status["moe"] = moe.stats() if moe is not None and hasattr(moe, "stats") else {}
+        pool = getattr(core, "checkpoints", None)
+        status["checkpoints"] = pool.status() if pool is not None else {}
         return status
 
     def _abort_all(self) -> None:

@@ -70,14 +70,25 @@ def make_model(cfg, weights, ops, moe, kv, states):
     return cls(cfg, weights, ops, moe, kv, states) if states is not None else cls(cfg, weights, ops, moe, kv)
 
 
-def prefix_cache_for(cfg, config):
-    """The radix prefix cache, unless turned off or the model is a hybrid: a KV prefix is only
-    reusable with the recurrent state after it, and this build keeps no state checkpoints."""
+def prefix_cache_for(cfg, config, ops, tokenizer):
+    """(radix prefix cache or None, checkpoint pool or None, anchors or None). A hybrid reuses a
+    cached prefix only where a recurrent-state checkpoint exists, so it gets a pool and anchors."""
     from freetoken.engine.radix import RadixCache
     if not config.enable_prefix_cache:
-        return None
-    if cfg.is_hybrid:
-        logger.info("prefix cache off: a hybrid (Gated DeltaNet) model can reuse a cached prefix only with "
-                    "the recurrent state after it, and no state checkpoints are kept yet")
-        return None
-    return RadixCache()
+        return None, None, None
+    if not cfg.is_hybrid:
+        return RadixCache(), None, None
+    if config.state_checkpoint_mb <= 0:
+        logger.info("prefix cache off: a hybrid (Gated DeltaNet) model reuses a cached prefix only with a "
+                    "recurrent-state checkpoint, and --state-checkpoint-mb is 0")
+        return None, None, None
+    from freetoken.engine.anchors import Anchors
+    from freetoken.engine.checkpoints import CheckpointPool
+    from freetoken.engine.state_pool import StatePool
+    pool = CheckpointPool(config.state_checkpoint_mb << 20, ops.to_host, ops.to_device)
+    anchors = Anchors.for_tokenizer(tokenizer, not config.no_semantic_anchors, config.state_checkpoint_interval)
+    row = StatePool.bytes_per_row(cfg)
+    logger.info("state checkpoints: %d MiB of host memory (%d of %.1f MiB each), at %d anchor markers%s",
+                config.state_checkpoint_mb, pool.budget // row, row / 2**20, anchors.markers,
+                f" and every {anchors.interval} prompt tokens" if anchors.interval else "")
+    return RadixCache(pool), pool, anchors

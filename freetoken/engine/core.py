@@ -58,9 +58,9 @@ class EngineCore:
         self.moe = self._make_moe()
         self.model = build.make_model(cfg, self.weights, self.ops, self.moe, self.kv, self.states)
         self.forward = self._make_forward()
-        self.prefix_cache = build.prefix_cache_for(cfg, config)
+        self.prefix_cache, self.checkpoints, anchors = build.prefix_cache_for(cfg, config, self.ops, self.tokenizer)
         self.scheduler = Scheduler(self.kv, config.max_running_requests, config.chunked_prefill_size,
-                                   self.max_model_len, self.prefix_cache, self.states)
+                                   self.max_model_len, self.prefix_cache, self.states, anchors)
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
@@ -222,6 +222,7 @@ class EngineCore:
         prefilling = [req for req, _ in schedule if req.in_prefill]
         reqs, tokens, lps = self._forward(schedule)
         for req in prefilling:
+            self.scheduler.checkpoint_prefill(req)
             if not req.in_prefill:
                 self.scheduler.cache_prompt(req)
         return [self._append(req, int(tok), lp) for req, tok, lp in zip(reqs, tokens, lps)]

@@ -11,17 +11,19 @@ import itertools
 
 
 class Node:
-    __slots__ = ("key", "slots", "children", "parent", "ref", "last_used")
+    __slots__ = ("key", "slots", "children", "parent", "ref", "last_used", "checkpoint")
 
     def __init__(self, key: list[int], slots: list[int], parent: "Node | None"):
         self.key, self.slots, self.parent = key, slots, parent
         self.children: dict[int, Node] = {}
         self.ref = 0              # requests whose reused prefix runs through this node
         self.last_used = 0
+        self.checkpoint = None    # a hybrid's recurrent state after this node's last token (checkpoints.py)
 
 
 class RadixCache:
-    def __init__(self):
+    def __init__(self, checkpoints=None):
+        self.checkpoints = checkpoints   # CheckpointPool of a hybrid model: evicted nodes drop theirs
         self.root = Node([], [], None)
         self.root.ref = 1         # never evicted
         self._clock = itertools.count(1)
@@ -65,6 +67,37 @@ class RadixCache:
             node, i = child, i + n
         return dups
 
+    def match_resumable(self, tokens: list[int]) -> tuple[list[int], Node]:
+        """The longest cached prefix of tokens that ends at a node holding a state checkpoint
+        (a hybrid can resume only there): (its KV slots, that node; the root when none)."""
+        slots, end = self.match(tokens)
+        path, node = [], end
+        while node is not self.root:
+            path.append(node)
+            node = node.parent
+        depth = len(slots)
+        for node in path:                      # deepest first
+            if node.checkpoint is not None:
+                return slots[:depth], node
+            depth -= len(node.key)
+        return [], self.root
+
+    def node_at(self, tokens: list[int]) -> Node | None:
+        """The node ending exactly after tokens (splitting an edge there), or None when the tree
+        does not hold all of them."""
+        node, i = self.root, 0
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                return None
+            n = _common(child.key, tokens[i:])
+            if n < len(child.key):
+                if i + n < len(tokens):
+                    return None
+                child = self._split(child, n)
+            node, i = child, i + n
+        return node if node is not self.root else None
+
     def lock(self, node: Node) -> None:
         while node is not self.root:
             if node.ref == 0:
@@ -91,6 +124,8 @@ class RadixCache:
         while heap and len(freed) < num_tokens:
             _, _, leaf = heapq.heappop(heap)
             freed.extend(leaf.slots)
+            if leaf.checkpoint is not None:
+                self.checkpoints.drop(leaf.checkpoint)
             self.evictable_size -= len(leaf.key)
             parent = leaf.parent
             del parent.children[leaf.key[0]]

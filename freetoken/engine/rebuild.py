@@ -27,6 +27,7 @@ def cache_status(core) -> dict:
         "kv": {"num_tokens": kv.num_slots, "free": kv.num_free, "bytes": kv.bytes,
                "prefix_cached_tokens": tree.size if tree else 0},
         "busy": core.has_work(),
+        **({"state_checkpoints": core.checkpoints.status()} if getattr(core, "checkpoints", None) else {}),
     }
 
 
@@ -93,6 +94,11 @@ def _install(core, kv, reset_prefix: bool) -> None:
     from freetoken.engine.radix import RadixCache
     core.kv = core.model.kv = core.scheduler.kv = kv
     if reset_prefix and core.prefix_cache is not None:
-        core.prefix_cache = core.scheduler.cache = RadixCache()
+        pool = core.prefix_cache.checkpoints
+        if pool is not None:
+            pool.clear()                     # they hang from the old tree's nodes
+        core.prefix_cache = core.scheduler.cache = RadixCache(pool)
+        if core.scheduler.resumer is not None:
+            core.scheduler.resumer.cache = core.prefix_cache
     if getattr(core, "graphs", None) is not None:
         core.forward = core._make_forward()     # captured graphs hold the old KV addresses

@@ -17,8 +17,12 @@ PROMPT_LOGPROB_ROWS = 512   # prompt positions per step of a request that wants 
 
 class Scheduler:
     def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int, prefix_cache=None,
-                 states=None):
+                 states=None, anchors=None):
         self.kv, self.cache, self.states = kv_pool, prefix_cache, states   # states: StatePool (hybrid)
+        self.resumer = None        # a hybrid with a checkpoint pool: engine/resume.py
+        if states is not None and prefix_cache is not None:
+            from freetoken.engine.resume import Resumer
+            self.resumer = Resumer(prefix_cache, prefix_cache.checkpoints, states, anchors)
         self.max_running, self.chunk_size, self.max_model_len = max_running, chunk_size, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -42,6 +46,8 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.check(req)
+        if self.resumer is not None:
+            self.resumer.add(req)
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -56,6 +62,8 @@ class Scheduler:
                 n = min(len(req.prompt_ids) - req.num_computed, room)
                 if req.params.prompt_logprobs is not None:   # bounds its [n, V] logits rows
                     n = min(n, PROMPT_LOGPROB_ROWS)
+                if self.resumer is not None:
+                    n = self.resumer.chunk(req, n)
                 batch.append((req, n))
                 room -= n
         if batch:
@@ -78,12 +86,17 @@ class Scheduler:
             self.waiting.popleft()
             if self.states is not None:
                 req.state_row = self.states.alloc()      # one row per running request: always free
+                if self.resumer is not None:
+                    self.resumer.start(req)
             req.status = Status.RUNNING
             self.running.append(req)
             reserved += need
 
     def _reuse_prefix(self, req: Request) -> None:
         if self.cache is None:
+            return
+        if self.resumer is not None:
+            self.resumer.reuse(req)
             return
         if req.params.prompt_logprobs is not None:   # needs every position's logits: reuses nothing,
             req.lock_node = self.cache.root          # but its prompt is cached like any other
@@ -97,6 +110,7 @@ class Scheduler:
         if self.cache is not None and req.lock_node is not None:
             self.cache.unlock(req.lock_node)
             req.lock_node, req.slots, req.num_computed, req.num_cached = None, [], 0, 0
+            req.resume = None
 
     def cache_prompt(self, req: Request) -> None:
         """Put a prompt whose prefill just ended into the tree while its request runs on, so
@@ -111,6 +125,13 @@ class Scheduler:
         self.cache.unlock(req.lock_node)
         req.lock_node, req.slots[:n] = node, slots
         self.kv.free(dups)         # positions another request had cached meanwhile: its copy is kept
+        if self.resumer is not None:
+            self.resumer.link(req, req.prompt_ids)
+
+    def checkpoint_prefill(self, req: Request) -> None:
+        """After a forward of req's prefill chunk (hybrid models): its state at an anchor."""
+        if self.resumer is not None and req.state_row is not None:
+            self.resumer.after_step(req)
 
     def alloc(self, n: int) -> list[int]:
         """n KV slots, evicting unlocked cached prefixes when the free list runs short."""
@@ -128,6 +149,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        if self.resumer is not None:
+            self.resumer.finish(req, reason)
         if req.state_row is not None:
             self.states.free(req.state_row)
             req.state_row = None
@@ -136,6 +159,9 @@ class Scheduler:
             # Keep what was computed for later requests; free the slots the tree already had.
             done = req.num_computed
             self.kv.free(self.cache.insert(req.all_ids[:done], slots[:done]) + slots[done:])
+            if self.resumer is not None:
+                self.resumer.link(req, req.all_ids[:done])
+                req.pending = []
             self.cache.unlock(req.lock_node)
             req.lock_node = None
         else:

@@ -90,4 +90,5 @@ def _status_body(state, s: dict) -> dict:
           "prefix_cached": s["kv_prefix_cached"], "leaked": s["kv_leaked"]}
     return {"state": state.engine.state, "idle": s["idle"], "kv": kv,
             "requests": {"running": s["running"], "waiting": s["waiting"], "in_flight": s["in_flight"]},
-            "moe": moe, "geometry": s["geometry"], "last_rebuild": state.last_rebuild}
+            "moe": moe, "geometry": s["geometry"], "last_rebuild": state.last_rebuild,
+            **({"state_checkpoints": s["checkpoints"]} if s.get("checkpoints") else {})}

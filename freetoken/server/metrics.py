@@ -105,6 +105,14 @@ def _engine_metrics(metric, s: dict) -> None:
     used = s["kv_slots"] - s["kv_free"]
     metric("kv_occupancy_ratio", "gauge", "used KV slots / capacity",
            [({}, round(used / s["kv_slots"], 6) if s["kv_slots"] else 0)])
+    ck = s.get("checkpoints") or {}
+    if ck:
+        metric("state_checkpoints", "gauge", "recurrent-state checkpoints held (hybrid models)", [({}, ck["checkpoints"])])
+        metric("state_checkpoint_bytes", "gauge", "bytes of recurrent-state checkpoints by tier",
+               [({"tier": ck["tier"]}, ck["bytes"])])
+        for key in ("taken", "hits", "evicted", "dropped", "reused_tokens"):
+            metric(f"state_checkpoints_{key}_total", "counter", f"recurrent-state checkpoints: {key.replace('_', ' ')}",
+                   [({}, ck[key])])
     moe = s.get("moe") or {}
     if _number(moe.get("slots")):
         metric("moe_cache_slots", "gauge", "MoE expert cache size in experts", [({}, moe["slots"])])

@@ -1,7 +1,8 @@
 """The Gated DeltaNet hybrid through the engine on synth:tiny-hybrid (Qwen3.5-MoE geometry, random
 weights): every MoE backend gives the same greedy tokens, batching and chunked prefill change
-nothing, recurrent-state rows are held while running and freed after, the prefix cache is off
-with one log line, and the registry's errors name what is supported."""
+nothing, recurrent-state rows are held while running and freed after, state checkpoints are on
+by default (off with --state-checkpoint-mb 0, one log line), and the registry's errors name what
+is supported."""
 import logging
 
 import pytest
@@ -51,12 +52,18 @@ def test_batching_and_chunked_prefill_change_nothing(expected):
     assert run(moe_backend="cpu", chunked_prefill_size=3)[0] == expected[0]
 
 
-def test_prefix_cache_is_off_and_says_so(caplog):
+def test_checkpoints_are_on_by_default_and_off_says_so(caplog):
     with caplog.at_level(logging.INFO, logger="freetoken"):
         llm = LLM(SYNTH, backend="cpu", moe_backend="fused")
+    assert llm.core.prefix_cache is not None and llm.core.checkpoints is not None
+    assert any("state checkpoints:" in r.getMessage() for r in caplog.records)
+    assert any("recurrent-state pool" in r.getMessage() for r in caplog.records)
+    llm.core.close()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="freetoken"):
+        llm = LLM(SYNTH, backend="cpu", moe_backend="fused", state_checkpoint_mb=0)
     assert llm.core.prefix_cache is None
     assert sum("prefix cache off" in r.getMessage() for r in caplog.records) == 1
-    assert any("recurrent-state pool" in r.getMessage() for r in caplog.records)
     llm.core.close()
 
 

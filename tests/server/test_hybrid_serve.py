@@ -25,7 +25,7 @@ def test_generate_cli_prints_transformers_greedy_text(expected, demo_tokenizer):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith(want.rstrip()[:20]), (r.stdout, want)
-    assert "prefix cache off" in r.stderr and "recurrent-state pool" in r.stderr
+    assert "state checkpoints:" in r.stderr and "recurrent-state pool" in r.stderr
 
 
 def test_serve_answers_through_the_sdk(expected, demo_tokenizer):
@@ -45,3 +45,26 @@ def test_serve_answers_through_the_sdk(expected, demo_tokenizer):
         log = "".join(proc.stderr_lines)
         assert proc.stop() == 0, log[-3000:]
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def test_a_second_turn_reuses_a_checkpoint_and_the_counters_say_so(demo_tokenizer):
+    """Two chat turns through the SDK: the second reports cached prompt tokens, and the cache
+    status and /metrics show checkpoints taken and hit."""
+    import httpx
+    proc = ServerProcess("--model", str(FIXTURE), "--backend", "cpu", "--max-model-len", "1024")
+    try:
+        oa = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        turn = [{"role": "user", "content": "Write a function that adds two numbers."}]
+        first = oa.chat.completions.create(model="fp32", messages=turn, max_tokens=6, temperature=0)
+        turn += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                 {"role": "user", "content": "Now make it subtract."}]
+        second = oa.chat.completions.create(model="fp32", messages=turn, max_tokens=6, temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens > 0
+        status = httpx.get(proc.url + "/v1/cache/status").json()
+        ck = status["state_checkpoints"]
+        assert ck["hits"] >= 1 and ck["taken"] >= ck["checkpoints"] > 0 and ck["tier"] == "host"
+        metrics = httpx.get(proc.url + "/metrics").text
+        hits = [l for l in metrics.splitlines() if l.startswith("freetoken_state_checkpoints_hits_total ")]
+        assert hits and float(hits[0].split()[1]) >= 1, metrics[-2000:]
+    finally:
+        assert proc.stop() == 0

@@ -1,0 +1,41 @@
+"""Semantic anchors: the token positions where agent harnesses edit their context, so a state
+checkpoint taken there survives the edit. Found from the chat template's own markers, tokenized
+by the model's tokenizer (no hard-coded ids): after each end of turn, after each `</think>`,
+before each tool-call opener and after each tool result. A marker that tokenizes to several
+tokens is matched as a sequence. Plus a fixed interval for prompts with no anchors.
+"""
+from __future__ import annotations
+
+# (marker text, where the anchor sits) for every marker a Qwen-style template may use
+AFTER = ("<|im_end|>", "</think>", "</tool_response>")
+BEFORE = ("<tool_call>",)
+
+
+class Anchors:
+    def __init__(self, after: list[tuple[int, ...]], before: list[tuple[int, ...]], interval: int = 0):
+        self.after, self.before, self.interval = after, before, interval
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, semantic: bool = True, interval: int = 0) -> "Anchors":
+        """The markers the chat template really contains (its source text), as token sequences."""
+        template = tokenizer.chat_template or ""
+        seq = lambda text: tuple(tokenizer.encode(text))
+        pick = lambda markers: [seq(m) for m in markers if m in template and seq(m)] if semantic else []
+        return cls(pick(AFTER), pick(BEFORE), interval)
+
+    @property
+    def markers(self) -> int:
+        return len(self.after) + len(self.before)
+
+    def positions(self, ids: list[int]) -> list[int]:
+        """Sorted token positions p in (0, len(ids)) where the state after ids[:p] is worth
+        keeping."""
+        found = set()
+        for marker in self.after + self.before:
+            n, first = len(marker), marker[0]
+            for i, t in enumerate(ids):
+                if t == first and tuple(ids[i:i + n]) == marker:
+                    found.add(i + n if marker in self.after else i)
+        if self.interval > 0:
+            found.update(range(self.interval, len(ids), self.interval))
+        return sorted(p for p in found if 0 < p < len(ids))

@@ -1,0 +1,137 @@
+"""Recurrent-state checkpoints of a hybrid at semantic anchors (engine/checkpoints.py, anchors.py,
+resume.py) on the Qwen3.5-MoE fixture: resuming gives the uninterrupted run's tokens and logprobs,
+an edit in the middle of a conversation resumes from the anchor just before it, a tight budget and
+aborts never leave a dangling link or a leaked slot, and anchors sit where the template's markers
+are (also for markers that tokenize to several tokens)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from freetoken import LLM, SamplingParams
+from freetoken.engine.anchors import Anchors
+
+# the fixture was trained for 256 positions; these conversations run past that (a WARN, no harm to a test)
+FIXTURE = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen35moe_text" / "fp32")
+PARAMS = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=3)
+
+
+def conversation(turns: int, think: bool = True) -> list[dict]:
+    msgs = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"Step {i}: read file_{i}.py and fix the bug."})
+        msgs.append({"role": "assistant", "content": f"Reading file_{i}.py now.",
+                     **({"reasoning_content": f"I should open file_{i}.py first."} if think else {}),
+                     "tool_calls": [{"type": "function", "function": {"name": "read", "arguments": {"path": f"file_{i}.py"}}}]})
+        msgs.append({"role": "tool", "content": f"def f_{i}(x):\n    return x + {i}\n" * 3})
+    return msgs
+
+
+@pytest.fixture(scope="module")
+def engines():
+    cached = LLM(FIXTURE, backend="cpu", moe_backend="fused", state_checkpoint_interval=0, max_model_len=2048)
+    plain = LLM(FIXTURE, backend="cpu", moe_backend="fused", enable_prefix_cache=False, max_model_len=2048)
+    yield cached, plain
+    cached.core.close()
+    plain.core.close()
+
+
+def run(llm, ids, params=PARAMS):
+    req = llm.core.add_request(ids, params)
+    while req.finish_reason is None:
+        llm.core.step()
+    return req
+
+
+def check_tree(llm):
+    """No dangling link either way, budget kept, every KV slot and state row accounted for."""
+    core = llm.core
+    tree, pool = core.prefix_cache, core.checkpoints
+    tree.check()
+    linked, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        if node.checkpoint is not None:
+            assert node.checkpoint.node is node
+            linked.append(node.checkpoint)
+        stack.extend(node.children.values())
+    assert sorted(map(id, linked)) == sorted(pool._lru) and pool.bytes == sum(c.nbytes for c in linked)
+    assert pool.bytes <= pool.budget
+    assert core.kv.num_free + tree.size == core.kv.num_slots and tree.protected_size == 0
+    assert core.states.num_free == core.states.rows
+
+
+def test_a_follow_up_turn_resumes_and_matches_the_uninterrupted_run(engines):
+    cached, plain = engines
+    first = cached.chat_prompt(conversation(2))
+    run(cached, first)
+    follow = cached.chat_prompt(conversation(3))
+    req = run(cached, follow)
+    want = run(plain, follow)
+    assert req.num_cached > len(first) // 2 and req.output_ids == want.output_ids
+    np.testing.assert_allclose([lp.logprob for lp in req.output_logprobs],
+                               [lp.logprob for lp in want.output_logprobs], atol=1e-4)
+    assert cached.core.checkpoints.counters.hits >= 1
+    check_tree(cached)
+
+
+def test_an_edit_in_the_middle_resumes_from_the_anchor_before_it(engines):
+    cached, plain = engines
+    msgs = conversation(4, think=False)
+    run(cached, cached.chat_prompt(msgs))
+    edited = [dict(m) for m in msgs]
+    edited[6]["content"] = "[old tool output removed]"          # the second tool result
+    ids = cached.chat_prompt(edited)
+    original = cached.chat_prompt(msgs)
+    diverge = next(i for i, (a, b) in enumerate(zip(ids, original)) if a != b)
+    anchors = cached.core.scheduler.resumer.anchors.positions(ids)
+    before = max(p for p in anchors if p <= diverge)
+    req = run(cached, ids)
+    assert req.num_cached == before                      # the deepest anchor before the edit
+    assert req.output_ids == run(plain, ids).output_ids
+    check_tree(cached)
+
+
+def test_a_tight_budget_and_aborts_leave_nothing_dangling():
+    llm = LLM(FIXTURE, backend="cpu", moe_backend="fused", state_checkpoint_interval=7, max_model_len=2048)
+    pool = llm.core.checkpoints
+    pool.budget = 3 * (llm.core.states.conv[:, 0].nbytes + llm.core.states.rule[:, 0].nbytes)
+    rng = np.random.default_rng(0)
+    try:
+        for i in range(12):
+            ids = llm.chat_prompt(conversation(int(rng.integers(1, 4)), think=bool(i % 2)))
+            req = llm.core.add_request(ids, SamplingParams(max_tokens=4, ignore_eos=True))
+            for _ in range(int(rng.integers(1, 6))):
+                llm.core.step()
+            if req.finish_reason is None and i % 3 == 0:
+                llm.core.abort(req)
+            while llm.core.has_work():
+                llm.core.step()
+            check_tree(llm)
+        c = pool.counters
+        assert c.evicted > 0 and c.hits > 0 and len(pool) <= 3
+        assert c.taken >= len(pool) + c.evicted
+    finally:
+        llm.core.close()
+
+
+def test_anchor_positions_on_the_rendered_template(engines):
+    cached, _ = engines
+    tok = cached.tokenizer
+    ids = cached.chat_prompt(conversation(2))
+    anchors = Anchors.for_tokenizer(tok)
+    found = anchors.positions(ids)
+    end_turn, think_end, opener, result_end = (tok.encode(m)[0] for m in
+                                               ("<|im_end|>", "</think>", "<tool_call>", "</tool_response>"))
+    want = {i + 1 for i, t in enumerate(ids) if t in (end_turn, think_end, result_end)} | \
+        {i for i, t in enumerate(ids) if t == opener}
+    assert found == sorted(p for p in want if 0 < p < len(ids))
+    assert any(ids[p - 1] == result_end for p in found) and any(ids[p] == opener for p in found)
+    off = Anchors.for_tokenizer(tok, semantic=False, interval=10)
+    assert off.positions(ids) == list(range(10, len(ids), 10))
+
+
+def test_markers_of_several_tokens_match_as_sequences():
+    a = Anchors(after=[(10, 11)], before=[(20, 21, 22)])
+    ids = [1, 10, 11, 2, 10, 3, 20, 21, 22, 4, 20, 21, 5, 10, 11]
+    assert a.positions(ids) == [3, 6]                    # 10 alone and 20 21 without 22 are no anchors
