@@ -114,3 +114,21 @@ def test_hybrid_fixtures_on_cuda_match_transformers(name, moe):
     from tests.models.test_hf_hybrid_parity import check_fixture
     options = MOE[moe] if moe == "fused" else dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3)
     check_fixture(name, "cuda", **options)
+
+
+def test_a_hybrid_resumes_from_a_checkpoint_on_cuda():
+    """The checkpoint pool copies device state rows to host memory and back: a follow-up turn
+    resumes on the device and gives the cpu engine's uninterrupted tokens."""
+    from freetoken import LLM
+    from tests.engine.test_checkpoints import FIXTURE, PARAMS, conversation, run
+    cuda = LLM(FIXTURE, backend="cuda", moe_backend="fused", state_checkpoint_interval=0, max_model_len=2048)
+    cpu = LLM(FIXTURE, backend="cpu", moe_backend="fused", enable_prefix_cache=False, max_model_len=2048)
+    try:
+        run(cuda, cuda.chat_prompt(conversation(2)))
+        follow = cuda.chat_prompt(conversation(3))
+        req = run(cuda, follow)
+        assert req.num_cached > 0 and cuda.core.checkpoints.counters.hits >= 1
+        assert req.output_ids == run(cpu, follow).output_ids
+    finally:
+        cuda.core.close()
+        cpu.core.close()
