@@ -24,6 +24,11 @@ class Anchors:
         return cls(pick(AFTER), pick(BEFORE), interval)
 
     @property
+    def openers(self) -> frozenset:
+        """Token ids that open a tool call on their own (decode can see these as they are sampled)."""
+        return frozenset(m[0] for m in self.before if len(m) == 1)
+
+    @property
     def markers(self) -> int:
         return len(self.after) + len(self.before)
 

@@ -225,6 +225,8 @@ class EngineCore:
             self.scheduler.checkpoint_prefill(req)
             if not req.in_prefill:
                 self.scheduler.cache_prompt(req)
+        for req, tok in zip(reqs, tokens):
+            self.scheduler.checkpoint_sampled(req, int(tok))
         return [self._append(req, int(tok), lp) for req, tok, lp in zip(reqs, tokens, lps)]
 
     def _forward(self, schedule):

@@ -61,6 +61,16 @@ class Resumer:
                 self.pool.counters.dropped += 1
         req.pending = keep
 
+    def sampled(self, req, token: int) -> None:
+        """Decode just sampled `token`: when it opens a tool call (a one-token opener), keep the
+        state before it, which the next turn's prompt shares up to that point."""
+        taken = req.pending and req.pending[-1].position == req.num_computed   # e.g. at the prompt's end
+        if token in self.anchors.openers and req.state_row is not None and req.num_computed > req.num_cached \
+                and not taken:
+            ckpt = self.pool.take(self.states, req.state_row, req.num_computed)
+            if ckpt is not None:
+                req.pending.append(ckpt)
+
     def finish(self, req, reason: str) -> None:
         """A completed request leaves the state after everything it computed (the next turn of a
         conversation extends exactly that)."""

@@ -128,6 +128,11 @@ class Scheduler:
         if self.resumer is not None:
             self.resumer.link(req, req.prompt_ids)
 
+    def checkpoint_sampled(self, req: Request, token: int) -> None:
+        """After decode sampled `token` for req (hybrid models): the state before a tool-call opener."""
+        if self.resumer is not None and not req.in_prefill:
+            self.resumer.sampled(req, token)
+
     def checkpoint_prefill(self, req: Request) -> None:
         """After a forward of req's prefill chunk (hybrid models): its state at an anchor."""
         if self.resumer is not None and req.state_row is not None:

@@ -135,3 +135,20 @@ def test_markers_of_several_tokens_match_as_sequences():
     a = Anchors(after=[(10, 11)], before=[(20, 21, 22)])
     ids = [1, 10, 11, 2, 10, 3, 20, 21, 22, 4, 20, 21, 5, 10, 11]
     assert a.positions(ids) == [3, 6]                    # 10 alone and 20 21 without 22 are no anchors
+
+
+def test_decode_keeps_the_state_before_a_sampled_tool_call_opener(engines):
+    """A reply forced to open a tool call: the state before the opener is checkpointed in decode
+    and linked when the request's KV enters the tree."""
+    cached, _ = engines
+    opener = cached.tokenizer.encode("<tool_call>")[0]
+    ids = cached.chat_prompt(conversation(1))
+    pool = cached.core.checkpoints
+    taken = pool.counters.taken
+    req = run(cached, ids, SamplingParams(max_tokens=3, ignore_eos=True, logit_bias=((opener, 100.0),)))
+    assert req.output_ids[0] == opener
+    positions = {c.position for c in pool._lru.values()}
+    assert len(ids) + 0 in positions                  # before the first sampled opener (= prompt end)
+    assert len(ids) + 1 in positions and len(ids) + 2 in positions   # each later opener
+    assert pool.counters.taken >= taken + 3
+    check_tree(cached)
