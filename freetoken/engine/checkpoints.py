@@ -91,6 +91,7 @@ class CheckpointPool:
         """Unlink and free every checkpoint (the tree they hang from is being replaced)."""
         for ckpt in list(self._lru.values()):
             self._unlink(ckpt)
+            self.counters.dropped += 1
 
     def __len__(self) -> int:
         return len(self._lru)

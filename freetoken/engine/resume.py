@@ -71,6 +71,11 @@ class Resumer:
             if ckpt is not None:
                 req.pending.append(ckpt)
 
+    def discard(self, req) -> None:
+        """Checkpoints the request took that never got a node (beyond what it computed)."""
+        self.pool.counters.dropped += len(req.pending)
+        req.pending = []
+
     def finish(self, req, reason: str) -> None:
         """A completed request leaves the state after everything it computed (the next turn of a
         conversation extends exactly that)."""

@@ -166,7 +166,7 @@ class Scheduler:
             self.kv.free(self.cache.insert(req.all_ids[:done], slots[:done]) + slots[done:])
             if self.resumer is not None:
                 self.resumer.link(req, req.all_ids[:done])
-                req.pending = []
+                self.resumer.discard(req)
             self.cache.unlock(req.lock_node)
             req.lock_node = None
         else:

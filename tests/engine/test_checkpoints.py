@@ -57,6 +57,8 @@ def check_tree(llm):
         stack.extend(node.children.values())
     assert sorted(map(id, linked)) == sorted(pool._lru) and pool.bytes == sum(c.nbytes for c in linked)
     assert pool.bytes <= pool.budget
+    c = pool.counters
+    assert c.taken == len(pool) + c.evicted + c.dropped     # each one taken is live, evicted or dropped
     assert core.kv.num_free + tree.size == core.kv.num_slots and tree.protected_size == 0
     assert core.states.num_free == core.states.rows
 
