@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+ANCHORS_PER_PROMPT = 16    # checkpoints one prompt's prefill may take, besides its end
+
 
 class Resumer:
     def __init__(self, cache, pool, states, anchors):
         self.cache, self.pool, self.states, self.anchors = cache, pool, states, anchors
 
     def add(self, req) -> None:
-        """Where this prompt's state is worth keeping: its anchors and its end."""
-        req.anchors = self.anchors.positions(req.prompt_ids) + [len(req.prompt_ids)]
+        """Where this prompt's state is worth keeping: its last anchors and its end. Harnesses
+        edit near the recent end (the previous turn's thinking, the tool output that just left the
+        window), and each checkpoint of a real model costs tens of MiB, so older anchors, which
+        earlier requests have checkpointed already, are not taken again."""
+        req.anchors = self.anchors.positions(req.prompt_ids)[-ANCHORS_PER_PROMPT:] + [len(req.prompt_ids)]
 
     def reuse(self, req) -> None:
         """Take the deepest resumable cached prefix of all but the last prompt token (locked)."""
