@@ -110,7 +110,8 @@ class Request:
     prompt_logprobs: list = field(default_factory=list)  # one TokenLogprob (None first) per prompt token
     output_logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked
     state_row: int | None = None  # recurrent-state row (hybrid models), held while running
-    anchors: list = field(default_factory=list)   # prompt positions to checkpoint at (hybrid models)
+    anchor_candidates: list = field(default_factory=list)  # every anchor of the prompt (hybrid models)
+    anchors: list = field(default_factory=list)   # the ones this prefill checkpoints at, and the end
     pending: list = field(default_factory=list)   # checkpoints taken, linked once their KV is in the tree
     resume: object = None         # the checkpoint this request's prefill resumes from
     prompt_unique: object = None  # sorted distinct prompt ids (the repetition penalty's), made once

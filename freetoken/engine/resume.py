@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 ANCHORS_PER_PROMPT = 16    # checkpoints one prompt's prefill may take, besides its end
+MIN_ANCHOR_GAP = 8         # tokens; of two anchors closer than this only the later one is kept
 
 
 class Resumer:
@@ -17,11 +18,29 @@ class Resumer:
         self.cache, self.pool, self.states, self.anchors = cache, pool, states, anchors
 
     def add(self, req) -> None:
-        """Where this prompt's state is worth keeping: its last anchors and its end. Harnesses
-        edit near the recent end (the previous turn's thinking, the tool output that just left the
-        window), and each checkpoint of a real model costs tens of MiB, so older anchors, which
-        earlier requests have checkpointed already, are not taken again."""
-        req.anchors = self.anchors.positions(req.prompt_ids)[-ANCHORS_PER_PROMPT:] + [len(req.prompt_ids)]
+        """Every anchor of the prompt, one of any two closer than MIN_ANCHOR_GAP (the later: a
+        tool result's end and its turn's end are one token apart, and each anchor ends a prefill
+        chunk, i.e. costs a forward), and the prompt's end. Which of them are checkpointed is
+        decided once the resume point is known (reuse)."""
+        kept: list[int] = []
+        for p in self.anchors.positions(req.prompt_ids):
+            if kept and p - kept[-1] < MIN_ANCHOR_GAP:
+                kept[-1] = p
+            else:
+                kept.append(p)
+        req.anchor_candidates = kept + [len(req.prompt_ids)]
+        req.anchors = list(req.anchor_candidates)
+
+    def _select(self, req) -> None:
+        """The anchors past the resume point this prefill checkpoints: the first and the last
+        ANCHORS_PER_PROMPT / 2. Harnesses edit just past the previous edit (the tool output that
+        leaves the window next, the thinking of the turn before) and near the recent end, and a
+        real model's checkpoint costs tens of MiB, so the middle of a long recompute is skipped."""
+        ahead = [p for p in req.anchor_candidates[:-1] if p > req.num_computed]
+        half = ANCHORS_PER_PROMPT // 2
+        if len(ahead) > ANCHORS_PER_PROMPT:
+            ahead = ahead[:half] + ahead[-half:]
+        req.anchors = ahead + req.anchor_candidates[-1:]
 
     def reuse(self, req) -> None:
         """Take the deepest resumable cached prefix of all but the last prompt token (locked)."""
@@ -33,6 +52,7 @@ class Resumer:
         req.lock_node, req.slots = node, list(slots)
         req.num_computed = req.num_cached = len(slots)
         req.resume = node.checkpoint if slots else None
+        self._select(req)
 
     def start(self, req) -> None:
         """The request got its state row: load the checkpoint it resumes from (else it is zero)."""
