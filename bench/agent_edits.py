@@ -28,7 +28,7 @@ every edit kind, `none` included). The JSON records what the rendered prompts co
 
 Engine settings (one engine each, same weights, driven through `llm.core.add_request` / `step`):
   anchors       the defaults (semantic anchors + every 4096 tokens, 2048 MiB of checkpoints)
-  interval-N    no_semantic_anchors=True, state_checkpoint_interval=N (--interval, 256)
+  interval-N    semantic_anchors=False, state_checkpoint_interval=N (--interval, 256)
   none          state_checkpoint_mb=0 (a hybrid then reuses nothing)
   anchors-N     the defaults with the checkpoint pool cut to the N checkpoints 2048 MiB holds for
                 the real 40-layer Qwen3.6-35B-A3B (N = 32 at 62.8 MiB each): the tiny model's are
@@ -212,7 +212,7 @@ def real_budget_checkpoints(name: str = "qwen3.6-35b-a3b", mib: int = 2048) -> t
 
 
 def settings(interval: int, with_real_budget: bool) -> dict:
-    s = {"anchors": {}, f"interval-{interval}": {"no_semantic_anchors": True, "state_checkpoint_interval": interval},
+    s = {"anchors": {}, f"interval-{interval}": {"semantic_anchors": False, "state_checkpoint_interval": interval},
          "none": {"state_checkpoint_mb": 0}}
     if with_real_budget:
         n, _ = real_budget_checkpoints()

@@ -203,8 +203,8 @@ class EngineConfig:
     enable_prefix_cache: bool = _flag(True, "reuse the KV of cached prompt prefixes (radix tree)")
     state_checkpoint_mb: int = _flag(2048, "hybrid models: host memory for recurrent-state checkpoints, "
                                      "which let a cached prefix be reused (0: none, so nothing is reused)")
-    no_semantic_anchors: bool = _flag(False, "hybrid models: do not checkpoint at turn ends, </think>, "
-                                      "tool-call openers and tool results")
+    semantic_anchors: bool = _flag(True, "hybrid models: checkpoint the recurrent state at turn ends, </think>, "
+                                   "tool-call openers and tool results (--no-semantic-anchors: only the interval)")
     state_checkpoint_interval: int = _flag(4096, "hybrid models: also checkpoint every N prompt tokens "
                                            "(0: only at anchors)")
     moe_backend: str = _flag("auto", "how routed experts run", ("auto", "fused", "offload", "cpu", "hybrid"))

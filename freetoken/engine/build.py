@@ -86,7 +86,7 @@ def prefix_cache_for(cfg, config, ops, tokenizer):
     from freetoken.engine.checkpoints import CheckpointPool
     from freetoken.engine.state_pool import StatePool
     pool = CheckpointPool(config.state_checkpoint_mb << 20, ops.to_host, ops.to_device)
-    anchors = Anchors.for_tokenizer(tokenizer, not config.no_semantic_anchors, config.state_checkpoint_interval)
+    anchors = Anchors.for_tokenizer(tokenizer, config.semantic_anchors, config.state_checkpoint_interval)
     row = StatePool.bytes_per_row(cfg)
     logger.info("state checkpoints: %d MiB of host memory (%d of %.1f MiB each), at %d anchor markers%s",
                 config.state_checkpoint_mb, pool.budget // row, row / 2**20, anchors.markers,
