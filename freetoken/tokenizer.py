@@ -40,7 +40,7 @@ class Tokenizer:
         self.stop_token_ids: frozenset[int] = frozenset(stop)
         self._compiled: dict[str, object] = {}
         self._byte_level: bool | None = None     # decoder is byte-level BPE; read on first token_bytes
-        self._added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
+        self._added = frozenset(tok.get_added_tokens_decoder())   # ids whose piece is literal text
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
@@ -94,8 +94,7 @@ class Tokenizer:
         piece = self._tok.id_to_token(int(token_id))
         if piece is None:
             return b""
-        added = self._added.get(int(token_id)) if self._added is not None else None
-        if self._byte_level and added is None:
+        if self._byte_level and int(token_id) not in self._added:
             table = _unicode_to_byte()
             if all(ch in table for ch in piece):
                 return bytes(table[ch] for ch in piece)

@@ -10,7 +10,7 @@ Is shared-expert width.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,10 +44,14 @@ class HybridLayerWeights:
         return self.in_proj is not None
 
 
-def placed(lw, dev):
-    """The layer with every array moved by ``dev`` except the routed expert banks, which stay in
-    host memory for the MoE runtime (a dense layer's one-expert bank moves: it always runs)."""
-    from dataclasses import replace
-    keep = {"gate_up", "down"} if lw.router is not None else set()
-    return replace(lw, **{f.name: dev(getattr(lw, f.name)) for f in fields(lw)
-                          if f.name not in keep and getattr(lw, f.name) is not None})
+
+def hybrid_param_count(cfg) -> int:
+    """Weights of a hybrid of this config, every expert included (A_log, dt_bias counted as two)."""
+    H, V, D, Hq, G = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    Hv, Dv, C, K = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim
+    mlp = E * H + 3 * E * I * H + 3 * Is * H + H
+    attn = (2 * Hq + 2 * G) * D * H + H * Hq * D + 2 * D
+    gdn = (C + Hv * Dv + 2 * Hv) * H + C * K + 2 * Hv + Dv + H * Hv * Dv
+    n = sum(2 * H + mlp + (gdn if cfg.is_linear_layer(i) else attn) for i in range(cfg.num_layers))
+    return 2 * V * H + H + n

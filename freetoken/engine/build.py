@@ -5,6 +5,8 @@ Shape legend: La full-attention layers (all layers of a Qwen3-MoE), G kv heads, 
 """
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import numpy as np
 
 from freetoken.engine.kv_pool import KVPool
@@ -18,14 +20,19 @@ def place_weights(ops, weights):
     MoE runtime decides where they run). A no-op on the numpy backends."""
     if ops.name != "cuda":
         return weights
-    from dataclasses import replace
-
-    from freetoken.weights_hybrid import placed
     dev = ops.to_device
     embed = dev(weights.embed)
     lm_head = embed if weights.lm_head is weights.embed else dev(weights.lm_head)
     return replace(weights, embed=embed, final_norm=dev(weights.final_norm), lm_head=lm_head,
                    layers=tuple(placed(lw, dev) for lw in weights.layers))
+
+
+def placed(lw, dev):
+    """The layer with every array moved by ``dev`` except the routed expert banks, which stay in
+    host memory for the MoE runtime (a dense layer's one-expert bank moves: it always runs)."""
+    keep = {"gate_up", "down"} if lw.router is not None else set()
+    return replace(lw, **{f.name: dev(getattr(lw, f.name)) for f in fields(lw)
+                          if f.name not in keep and getattr(lw, f.name) is not None})
 
 
 def kv_dtype(config, weights):
@@ -66,8 +73,7 @@ def make_states(cfg, config, xp):
 
 def make_model(cfg, weights, ops, moe, kv, states):
     from freetoken.models.registry import model_class
-    cls = model_class(cfg.architecture)
-    return cls(cfg, weights, ops, moe, kv, states) if states is not None else cls(cfg, weights, ops, moe, kv)
+    return model_class(cfg.architecture)(cfg, weights, ops, moe, kv, states)
 
 
 def prefix_cache_for(cfg, config, ops, tokenizer):

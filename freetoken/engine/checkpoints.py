@@ -11,7 +11,7 @@ Shape legend: Lg GDN layers, K conv kernel, C conv channels, Hv value heads, Dk 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,7 +35,6 @@ class Counters:
     evicted: int = 0
     dropped: int = 0             # unlinked because their KV prefix was evicted or never cached
     reused_tokens: int = 0       # prompt tokens requests did not recompute thanks to a checkpoint
-    extra: dict = field(default_factory=dict)
 
 
 class CheckpointPool:

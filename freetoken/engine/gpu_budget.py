@@ -64,9 +64,9 @@ def weight_bytes(cfg: ModelConfig) -> int:
     """Everything but the routed experts: embeddings, lm_head, attention, norms, routers, dense MLPs
     (a hybrid's: its GDN layers and shared experts too)."""
     if cfg.is_hybrid:
-        from freetoken.models.synth_hybrid import weight_bytes as all_bf16
+        from freetoken.weights_hybrid import hybrid_param_count
         routed = len(cfg.moe_layers) * cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size
-        return (all_bf16(cfg) // 2 - routed) * dtype_bytes(cfg)
+        return (hybrid_param_count(cfg) - routed) * dtype_bytes(cfg)
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     n = cfg.vocab_size * H * (1 if cfg.tie_word_embeddings else 2) + H
     for layer in range(cfg.num_layers):

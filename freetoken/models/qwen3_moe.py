@@ -39,7 +39,7 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
 class Qwen3Moe:
     """Weights plus ops calls; stateless apart from the weights and the KV pool it is given."""
 
-    def __init__(self, cfg: ModelConfig, weights, ops, moe, kv_pool):
+    def __init__(self, cfg: ModelConfig, weights, ops, moe, kv_pool, states=None):   # states: hybrids only
         self.cfg, self.w, self.ops, self.moe, self.kv = cfg, weights, ops, moe, kv_pool
         self.inv_freq = ops.to_device(rope_inv_freq(cfg))
         self.moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}

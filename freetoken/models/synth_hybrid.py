@@ -95,12 +95,6 @@ def _gdn(cfg, gen) -> dict:
 
 
 def weight_bytes(cfg) -> int:
-    """bf16 bytes of every weight of a hybrid of this config (A_log and dt_bias count as bf16)."""
-    H, V, D, Hq, G = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-    Hv, Dv, C, K = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim
-    mlp = E * H + 3 * E * I * H + 3 * Is * H + H
-    attn = (2 * Hq + 2 * G) * D * H + H * Hq * D + 2 * D
-    gdn = (C + Hv * Dv + 2 * Hv) * H + C * K + 2 * Hv + Dv + H * Hv * Dv
-    n = sum(2 * H + mlp + (gdn if cfg.is_linear_layer(i) else attn) for i in range(cfg.num_layers))
-    return 2 * (2 * V * H + H + n)
+    """bf16 bytes of every weight of a hybrid of this config."""
+    from freetoken.weights_hybrid import hybrid_param_count
+    return 2 * hybrid_param_count(cfg)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import anyio
 from starlette.requests import Request
@@ -64,12 +63,14 @@ async def completions(request: Request) -> Response:
     if results is None:
         return Response(status_code=499)
     choices = [view.choice(i, r, results[i - i % n].prompt_logprobs) for i, r in enumerate(results)]
-    return JSONResponse({**head, "choices": choices, "usage": usage(view.usage(results_usage(results, n)))})
+    return JSONResponse({**head, "choices": choices,
+                         "usage": usage(view.usage(batch_usage([r.done.usage for r in results], n)))})
 
 
-def results_usage(results, n: int) -> Usage:
-    """Each prompt counted once, every completion summed (OpenAI's usage for a batch)."""
-    per_prompt = [total_usage([r.done.usage for r in results[i:i + n]]) for i in range(0, len(results), n)]
+def batch_usage(usages: list[Usage], n: int) -> Usage:
+    """Each prompt counted once, every completion summed (OpenAI's usage for a batch): `usages`
+    holds n choices per prompt, in choice-index order."""
+    per_prompt = [total_usage(usages[i:i + n]) for i in range(0, len(usages), n)]
     return Usage(*(sum(getattr(u, f) for u in per_prompt) for f in ("prompt_tokens", "completion_tokens",
                                                                      "cached_tokens")))
 
@@ -153,14 +154,13 @@ async def _frames(gens, head: dict, include_usage: bool, view: _View):
                 offsets[i] = _end(lp, offsets[i])
                 yield chunk(i, "", lp)
             elif isinstance(ev, Done):
-                usages[i] = ev
+                usages[i] = ev.usage
                 yield chunk(i, "", finish="length" if view.score_only else ev.finish_reason)
     except GenerationError as e:
         yield error_frame(e)
         return
     if include_usage:
-        done = [SimpleNamespace(done=d) for d in usages]
-        yield sse.data({**head, "choices": [], "usage": usage(view.usage(results_usage(done, view.n)))})
+        yield sse.data({**head, "choices": [], "usage": usage(view.usage(batch_usage(usages, view.n)))})
     yield "data: [DONE]\n\n"
 
 

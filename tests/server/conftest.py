@@ -29,3 +29,10 @@ def demo_server():
     log = "".join(proc.stderr_lines)
     assert proc.stop() == 0, log[-3000:]
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def oa(demo_server):
+    """The official openai client on the module's demo-model server (a module may override it)."""
+    import openai
+    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)

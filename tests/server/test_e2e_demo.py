@@ -22,11 +22,6 @@ def server(demo_server):
 
 
 @pytest.fixture(scope="module")
-def oa(demo_server):
-    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
 def an(server):
     return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
 

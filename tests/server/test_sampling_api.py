@@ -9,11 +9,6 @@ ASK = [{"role": "user", "content": "Write a function."}]
 PROMPT = "import os\nimport sys\n\n\ndef "
 
 
-@pytest.fixture(scope="module")
-def oa(demo_server):
-    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-
-
 def test_chat_logprobs_and_top_logprobs(oa):
     r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, temperature=0,
                                    logprobs=True, top_logprobs=3)
@@ -23,7 +18,7 @@ def test_chat_logprobs_and_top_logprobs(oa):
         assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
         assert entry.top_logprobs[0].token == entry.token            # greedy: the most probable
         assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
-    shown = "".join(bytes(b for e in content for b in e.bytes).decode("utf-8", "replace"))
+    shown = bytes(b for e in content for b in e.bytes).decode("utf-8", "replace")
     assert r.choices[0].message.content in shown       # the tokens spell the reply (plus any end token)
     plain = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0)
     assert plain.choices[0].logprobs is None

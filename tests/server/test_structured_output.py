@@ -37,11 +37,6 @@ def server(demo_server):
     return demo_server
 
 
-@pytest.fixture(scope="module")
-def oa(demo_server):
-    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-
-
 def test_start_up_says_constrained_decoding_is_on_and_the_first_request_is_constrained(server, oa):
     """The first request of this module's fresh server: the llguidance tokenizer was built during
     start-up (one log line before the ready line), not by this request on the engine thread."""
