@@ -11,26 +11,11 @@ import numpy as np
 import pytest
 
 from freetoken import LLM, SamplingParams
-from freetoken.models.qwen3_moe import ForwardBatch
 from freetoken.weights import SafetensorsFile, WeightsError, save_safetensors
+from tests.models.test_hf_parity import teacher_forced_logits
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 HYBRIDS = ["qwen35moe_text", "qwen35moe_vl", "qwen3next"]
-
-
-def teacher_forced_logits(llm: LLM, ids: np.ndarray) -> np.ndarray:
-    """f32[T, V] after every position of ids, one prefill from a zero recurrent state."""
-    core, T = llm.core, len(ids)
-    slots, row = np.asarray(core.kv.alloc(T), np.int32), core.states.alloc()
-    try:
-        batch = ForwardBatch(ids=ids.astype(np.int32), positions=np.arange(T, dtype=np.int32),
-                             tok_seq=np.zeros(T, np.int32), slots=slots, slot_table=slots[None, :],
-                             last_index=np.arange(T, dtype=np.int32), prefill=True,
-                             seq_starts=np.array([0, T], np.int32), state_slots=np.array([row], np.int32))
-        return np.asarray(core.ops.to_host(core.model.forward(batch)))
-    finally:
-        core.kv.free(slots.tolist())
-        core.states.free(row)
 
 
 def check_fixture(name: str, backend: str, **options) -> None:

@@ -19,17 +19,22 @@ CHECKPOINTS = ["qwen3moe_norm", "qwen3moe_nonorm"]
 
 
 def teacher_forced_logits(llm: LLM, ids: np.ndarray) -> np.ndarray:
-    """f32[T, V]: logits after every position of ids, in one prefill over the whole sequence."""
+    """f32[T, V]: logits after every position of ids, in one prefill over the whole sequence
+    (a hybrid's from a zero recurrent state in a row of its own)."""
     core = llm.core
     T = len(ids)
     slots = np.asarray(core.kv.alloc(T), dtype=np.int32)
+    row = core.states.alloc() if core.states is not None else None
+    hybrid = {} if row is None else dict(seq_starts=np.array([0, T], np.int32), state_slots=np.array([row], np.int32))
     try:
         batch = ForwardBatch(ids=ids.astype(np.int32), positions=np.arange(T, dtype=np.int32),
                              tok_seq=np.zeros(T, np.int32), slots=slots, slot_table=slots[None, :],
-                             last_index=np.arange(T, dtype=np.int32), prefill=True)
-        return np.asarray(core.model.forward(batch))
+                             last_index=np.arange(T, dtype=np.int32), prefill=True, **hybrid)
+        return np.asarray(core.ops.to_host(core.model.forward(batch)))
     finally:
         core.kv.free(slots.tolist())
+        if row is not None:
+            core.states.free(row)
 
 
 def run_fixture(name: str, variant: str, backend: str):
