@@ -27,12 +27,14 @@ harness strips it, and a user interjection makes the template drop all earlier t
 every edit kind, `none` included). The JSON records what the rendered prompts contain.
 
 Engine settings (one engine each, same weights, driven through `llm.core.add_request` / `step`):
-  anchors       the defaults (semantic anchors + every 4096 tokens, 2048 MiB of checkpoints)
-  interval-N    semantic_anchors=False, state_checkpoint_interval=N (--interval, 256)
+  anchors       the defaults (semantic anchors + every 4096 tokens) with an unbounded pool
+  interval-N    semantic_anchors=False, state_checkpoint_interval=N (--interval, 256), unbounded
   none          state_checkpoint_mb=0 (a hybrid then reuses nothing)
-  anchors-N     the defaults with the checkpoint pool cut to the N checkpoints 2048 MiB holds for
-                the real 40-layer Qwen3.6-35B-A3B (N = 32 at 62.8 MiB each): the tiny model's are
-                ~16 KiB, so its 2048 MiB never evicts (token-count phase only)
+  anchors-N     the defaults with the checkpoint pool cut to N checkpoints, for each N of
+                --budgets (default: the 32 that 2048 MiB holds for the real 40-layer
+                Qwen3.6-35B-A3B at 62.8 MiB each; token-count phase only). The sweep
+                `--budgets 8,12,16,24,32` is how the engine's default of 32 checkpoints per running
+                request (engine/build.py CHECKPOINTS_PER_REQUEST) was chosen.
 The settings run interleaved, turn by turn (the order rotated each turn), so load on the shared
 machine hits all alike; each edit kind starts from fresh engines (empty caches).
 
@@ -42,7 +44,8 @@ prompt + output (what the edit and the new messages changed; the replies are the
 greedy tokens, which never match the scripted assistant message, so the previous reply counts as
 added too: in a real run it was decoded, and the engine's decode/finish checkpoints would cover
 it); where the request resumed (which anchor); prefill forwards (engine steps until the first
-token: each anchor ends a prefill chunk); time to first token (add_request to the first
+token: one per --chunked-prefill-size tokens; the states at the anchors a chunk passes are
+captured inside its forward); time to first token (add_request to the first
 sampled token; max_tokens --max-tokens, ignore_eos, greedy). Summary per (edit, setting) over
 turns 1.. (turn 0 has no previous turn): median and max of recomputed / added, total recomputed
 and added tokens (turn 0 included), median TTFT; the issue's target is recomputed <= 1.5 x added
@@ -211,11 +214,13 @@ def real_budget_checkpoints(name: str = "qwen3.6-35b-a3b", mib: int = 2048) -> t
     return (mib << 20) // row, row
 
 
-def settings(interval: int, with_real_budget: bool) -> dict:
-    s = {"anchors": {}, f"interval-{interval}": {"semantic_anchors": False, "state_checkpoint_interval": interval},
+def settings(interval: int, budgets: list[int]) -> dict:
+    """anchors (the defaults but an unbounded pool), interval-N, none, and anchors-N for each
+    checkpoint count in `budgets` (the defaults with the pool cut to N)."""
+    s = {"anchors": {"state_checkpoint_mb": 1 << 20}, f"interval-{interval}": {
+        "semantic_anchors": False, "state_checkpoint_interval": interval, "state_checkpoint_mb": 1 << 20},
          "none": {"state_checkpoint_mb": 0}}
-    if with_real_budget:
-        n, _ = real_budget_checkpoints()
+    for n in budgets:
         s[f"anchors-{n}"] = {"_checkpoints": n}
     return s
 
@@ -228,7 +233,7 @@ def make_engine(model: str, options: dict, args, threads: int):
               seed=0, **opts)
     if "_checkpoints" in options:
         row = llm.core.states.conv[:, 0].nbytes + llm.core.states.rule[:, 0].nbytes
-        llm.core.checkpoints.budget = options["_checkpoints"] * row
+        llm.core.checkpoints.tiers["host"].budget = options["_checkpoints"] * row
     return llm
 
 
@@ -465,6 +470,8 @@ def main(argv=None) -> None:
     ap.add_argument("--keep-results", type=int, default=2, help="placeholder: tool results kept")
     ap.add_argument("--keep-observations", type=int, default=1, help="elide: tool results kept")
     ap.add_argument("--interval", type=int, default=256, help="the interval-only setting's interval")
+    ap.add_argument("--budgets", default="", help="checkpoint counts of extra anchors-N settings (comma list; "
+                    "default: the 32 that 2048 MiB holds for the real model), token-count phase only")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--ttft-model", default="synth:qwen3.6-35b-a3b,layers=4", help="'' skips the TTFT phase")
     ap.add_argument("--ttft-turns", type=int, default=8)
@@ -502,9 +509,10 @@ def main(argv=None) -> None:
               "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
               "real_model_checkpoint": {"bytes": real_row, "in_2048_mib": n_real}, "phases": {}}
     interject = {int(x) for x in args.interject.split(",") if x}
+    budgets = [int(x) for x in args.budgets.split(",") if x] or [n_real]
     for phase, model, turns, tool_tokens, edits, max_tokens, real_budget in phases:
         t0 = time.perf_counter()
-        opts = settings(args.interval, real_budget)
+        opts = settings(args.interval, budgets if real_budget else [])
         names = list(opts)
         lo, hi = (int(x) for x in tool_tokens.split(","))
         holder, rows, pools, prompts = {}, [], {}, {}

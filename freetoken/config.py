@@ -201,8 +201,11 @@ class EngineConfig:
                           ("auto", "bfloat16", "float32"))
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")
     enable_prefix_cache: bool = _flag(True, "reuse the KV of cached prompt prefixes (radix tree)")
-    state_checkpoint_mb: int = _flag(2048, "hybrid models: host memory for recurrent-state checkpoints, "
-                                     "which let a cached prefix be reused (0: none, so nothing is reused)")
+    state_checkpoint_mb: int = _flag(-1, "hybrid models: host memory for recurrent-state checkpoints in MiB, which "
+                                     "let a cached prefix be reused (-1: 32 per running request, at most 1/8 of "
+                                     "the available memory; 0: none)")
+    state_checkpoint_gpu_mb: int = _flag(-1, "hybrid models on a GPU: device memory for the newest state checkpoints "
+                                         "in MiB (-1: what the memory plan leaves after the expert cache; 0: none)")
     semantic_anchors: bool = _flag(True, "hybrid models: checkpoint the recurrent state at turn ends, </think>, "
                                    "tool-call openers and tool results (--no-semantic-anchors: only the interval)")
     state_checkpoint_interval: int = _flag(4096, "hybrid models: also checkpoint every N prompt tokens "

@@ -117,18 +117,34 @@ def test_hybrid_fixtures_on_cuda_match_transformers(name, moe):
 
 
 def test_a_hybrid_resumes_from_a_checkpoint_on_cuda():
-    """The checkpoint pool copies device state rows to host memory and back: a follow-up turn
-    resumes on the device and gives the cpu engine's uninterrupted tokens."""
+    """Checkpoints live in the device memory the plan left over (the device tier; the fused
+    backend holds every expert, so some is left) and move to host memory when it is full: turns
+    resume on the device from either tier, and each gives the cpu engine's uninterrupted tokens.
+    The prefill captures the state at every anchor it passes (state cuts) on the device too."""
     from freetoken import LLM
     from tests.engine.test_checkpoints import FIXTURE, PARAMS, conversation, run
     cuda = LLM(FIXTURE, backend="cuda", moe_backend="fused", state_checkpoint_interval=0, max_model_len=2048)
     cpu = LLM(FIXTURE, backend="cpu", moe_backend="fused", enable_prefix_cache=False, max_model_len=2048)
+    pool, tiers = cuda.core.checkpoints, []
+    restore = pool.restore
+    pool.restore = lambda ckpt, states, row: tiers.append(ckpt.tier) or restore(ckpt, states, row)
     try:
+        assert pool.tiers["device"].budget > 0
         run(cuda, cuda.chat_prompt(conversation(2)))
         follow = cuda.chat_prompt(conversation(3))
         req = run(cuda, follow)
-        assert req.num_cached > 0 and cuda.core.checkpoints.counters.hits >= 1
+        assert req.num_cached > 0 and tiers == ["device"]
         assert req.output_ids == run(cpu, follow).output_ids
+        one = cuda.core.states.conv[:, 0].nbytes + cuda.core.states.rule[:, 0].nbytes
+        pool.tiers["device"].budget = 2 * one           # now the device tier holds two
+        run(cuda, cuda.chat_prompt(conversation(4)))
+        assert pool.counters.demoted > 0 and pool.tiers["host"].lru
+        msgs = conversation(4, think=False)
+        msgs[3] = dict(msgs[3], content="[old tool output removed]")   # resume from before it: on the host
+        edited = cuda.chat_prompt(msgs)
+        req = run(cuda, edited)
+        assert req.num_cached > 0 and tiers[-1] == "host"
+        assert req.output_ids == run(cpu, edited).output_ids
     finally:
         cuda.core.close()
         cpu.core.close()

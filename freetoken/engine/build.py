@@ -76,25 +76,53 @@ def make_model(cfg, weights, ops, moe, kv, states):
     return model_class(cfg.architecture)(cfg, weights, ops, moe, kv, states)
 
 
-def prefix_cache_for(cfg, config, ops, tokenizer):
+def prefix_cache_for(cfg, config, ops, tokenizer, device_spare: int = 0):
     """(radix prefix cache or None, checkpoint pool or None, anchors or None). A hybrid reuses a
-    cached prefix only where a recurrent-state checkpoint exists, so it gets a pool and anchors."""
+    cached prefix only where a recurrent-state checkpoint exists, so it gets a pool and anchors.
+    device_spare: GPU bytes the memory plan left for checkpoints (0 on the CPU path)."""
     from freetoken.engine.radix import RadixCache
     if not config.enable_prefix_cache:
         return None, None, None
     if not cfg.is_hybrid:
         return RadixCache(), None, None
-    if config.state_checkpoint_mb <= 0:
+    host, device, why = checkpoint_budgets(cfg, config, device_spare)
+    if host + device <= 0:
         logger.info("prefix cache off: a hybrid (Gated DeltaNet) model reuses a cached prefix only with a "
                     "recurrent-state checkpoint, and --state-checkpoint-mb is 0")
         return None, None, None
     from freetoken.engine.anchors import Anchors
     from freetoken.engine.checkpoints import CheckpointPool
-    from freetoken.engine.state_pool import StatePool
-    pool = CheckpointPool(config.state_checkpoint_mb << 20, ops.to_host, ops.to_device)
+    pool = CheckpointPool(host, device, ops)
     anchors = Anchors.for_tokenizer(tokenizer, config.semantic_anchors, config.state_checkpoint_interval)
-    row = StatePool.bytes_per_row(cfg)
-    logger.info("state checkpoints: %d MiB of host memory (%d of %.1f MiB each), at %d anchor markers%s",
-                config.state_checkpoint_mb, pool.budget // row, row / 2**20, anchors.markers,
+    logger.info("state checkpoints: %s; at %d anchor markers%s", why, anchors.markers,
                 f" and every {anchors.interval} prompt tokens" if anchors.interval else "")
     return RadixCache(pool), pool, anchors
+
+
+CHECKPOINTS_PER_REQUEST = 32   # default host budget per running request (bench/agent_edits.py --budgets)
+HOST_SHARE = 0.125             # the default takes at most this share of the host memory available
+
+
+def checkpoint_budgets(cfg, config, device_spare: int) -> tuple[int, int, str]:
+    """(host bytes, device bytes, a sentence saying how they were chosen) for the checkpoint pool.
+    Host: --state-checkpoint-mb, else CHECKPOINTS_PER_REQUEST per running request, capped at
+    HOST_SHARE of the memory available now (the weights are loaded). Device: --state-checkpoint-
+    gpu-mb (the plan claimed it), else the plan's spare memory, at most the host tier's size."""
+    from freetoken.engine.state_pool import StatePool
+    from freetoken.env import available_memory_bytes
+    row, mib = StatePool.bytes_per_row(cfg), lambda n: f"{n / 2**20:.0f} MiB"
+    if config.state_checkpoint_mb >= 0:
+        host, why = config.state_checkpoint_mb << 20, "--state-checkpoint-mb"
+    else:
+        want, avail = CHECKPOINTS_PER_REQUEST * config.max_running_requests * row, available_memory_bytes()
+        host = max(min(want, int(HOST_SHARE * avail)), row) if avail else want
+        why = (f"{CHECKPOINTS_PER_REQUEST} per running request x {config.max_running_requests}"
+               + (f", capped at 1/{round(1 / HOST_SHARE)} of {avail / 2**30:.1f} GiB available" if host < want else ""))
+    if config.state_checkpoint_gpu_mb >= 0:
+        device = (config.state_checkpoint_gpu_mb << 20) if device_spare else 0
+    else:
+        device = min(device_spare, host)
+    text = f"host {mib(host)} ({host // row} of {row / 2**20:.1f} MiB; {why})"
+    if device_spare or config.state_checkpoint_gpu_mb > 0:
+        text = f"device {mib(device)} ({device // row}; memory the plan left after the expert cache), " + text
+    return host, device, text

@@ -2,25 +2,36 @@
 the token position it was taken at, so a later request can resume from the deepest cached prefix
 that has both its KV and its state.
 
-Host memory holds them (the CPU path's only tier; on a GPU this is the second tier of the design,
-and no device tier exists yet). The pool has its own byte budget and evicts least recently used
-first; evicting one unlinks its node, and a node the tree evicts drops its checkpoint (the tree
-calls ``drop``), so no node ever points at freed memory and no checkpoint outlives its KV.
+Two tiers, each with its own byte budget and least-recently-used order. A new checkpoint goes to
+the device tier when it has room (on a GPU: memory the plan left over, engine/gpu_budget.py), so
+taking and restoring one is a device copy; the device tier makes room by demoting its oldest
+linked checkpoint to the host tier (one copy over PCIe), and the host tier evicts its oldest. On
+the CPU path the device tier has no budget and host memory is the only tier. Evicting one unlinks
+its node, and a node the tree evicts drops its checkpoint (the tree calls ``drop``), so no node
+ever points at freed memory and no checkpoint outlives its KV.
+
+A checkpoint is allocated blank and filled layer by layer through its sink while the forward that
+reaches its position runs (models/state_cuts.py), or all at once from a state row (``take``).
+Until linked it is pending: its request holds it, and it counts against the device budget (its
+memory is held) but not the host one.
 Shape legend: Lg GDN layers, K conv kernel, C conv channels, Hv value heads, Dk / Dv.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+DEVICE, HOST = "device", "host"
 
 
 @dataclass(eq=False)
 class Checkpoint:
     position: int                # tokens consumed when it was taken
-    conv: np.ndarray             # f32[Lg, K-1, C]
-    rule: np.ndarray             # f32[Lg, Hv, Dk, Dv]
+    conv: object                 # f32[Lg, K-1, C] on its tier
+    rule: object                 # f32[Lg, Hv, Dk, Dv] on its tier
+    tier: str = HOST
     node: object = None          # the radix node it is linked to (None while pending)
 
     @property
@@ -29,74 +40,173 @@ class Checkpoint:
 
 
 @dataclass
+class Tier:
+    budget: int
+    lru: OrderedDict = field(default_factory=OrderedDict)   # linked checkpoints by id, oldest first
+    bytes: int = 0               # of the linked ones
+
+
+@dataclass
 class Counters:
     taken: int = 0
     hits: int = 0
     evicted: int = 0
     dropped: int = 0             # unlinked because their KV prefix was evicted or never cached
+    demoted: int = 0             # moved from the device tier to the host tier to make room
     reused_tokens: int = 0       # prompt tokens requests did not recompute thanks to a checkpoint
 
 
 class CheckpointPool:
-    def __init__(self, budget_bytes: int, to_host, to_device):
-        self.budget = int(budget_bytes)
-        self._to_host, self._to_device = to_host, to_device
-        self._lru: OrderedDict[int, Checkpoint] = OrderedDict()   # linked checkpoints, oldest first
-        self.bytes = 0
+    def __init__(self, host_bytes: int, device_bytes: int = 0, ops=None):
+        """ops: the backend (xp, to_host, to_device); None is numpy, where both tiers are host
+        memory (the tests exercise demotion so)."""
+        self.tiers = {DEVICE: Tier(int(device_bytes)), HOST: Tier(int(host_bytes))}
+        self._xp = ops.xp if ops is not None else np
+        self._to_host = ops.to_host if ops is not None else np.asarray
+        self._to_device = ops.to_device if ops is not None else np.asarray
+        self.device_held = 0     # bytes of device-tier checkpoints, pending ones included
+        self._spare: list = []   # freed host (conv, rule) buffers, reused by the next host checkpoint
         self.counters = Counters()
 
-    def take(self, states, row: int, position: int) -> Checkpoint | None:
-        """A host copy of state row `row` after `position` tokens (None when the budget cannot
-        hold even one)."""
-        one = states.conv[:, row].nbytes + states.rule[:, row].nbytes
-        if one > self.budget:
+    @property
+    def budget(self) -> int:
+        return sum(t.budget for t in self.tiers.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.bytes for t in self.tiers.values())
+
+    def blank(self, states, position: int) -> Checkpoint | None:
+        """An unfilled checkpoint shaped like one state row of `states`, on the device tier when
+        it has (or can make) room, else on the host; None when neither budget holds one."""
+        conv_shape, rule_shape = states.conv[:, 0].shape, states.rule[:, 0].shape
+        one = 4 * (int(np.prod(conv_shape)) + int(np.prod(rule_shape)))
+        if self._room_on_device(one):
+            self.device_held += one
+            conv, rule, tier = self._xp.empty(conv_shape, np.float32), self._xp.empty(rule_shape, np.float32), DEVICE
+        elif one <= self.tiers[HOST].budget:
+            conv, rule = self._host_buffers(conv_shape, rule_shape)
+            tier = HOST
+        else:
             return None
         self.counters.taken += 1
-        return Checkpoint(position, np.array(self._to_host(states.conv[:, row])),
-                          np.array(self._to_host(states.rule[:, row])))
+        return Checkpoint(position, conv, rule, tier)
+
+    def sink(self, ckpt: Checkpoint):
+        """sink(kind, j, state): copy GDN layer j's state row (a device array) into the checkpoint."""
+        def store(kind: str, j: int, state) -> None:
+            getattr(ckpt, kind)[j] = state if ckpt.tier == DEVICE else self._to_host(state)
+        return store
+
+    def take(self, states, row: int, position: int) -> Checkpoint | None:
+        """A copy of state row `row` after `position` tokens (None when no budget holds one)."""
+        ckpt = self.blank(states, position)
+        if ckpt is not None:
+            store = self.sink(ckpt)
+            store("conv", slice(None), states.conv[:, row])
+            store("rule", slice(None), states.rule[:, row])
+        return ckpt
 
     def link(self, ckpt: Checkpoint, node) -> None:
         """Make `ckpt` the node's checkpoint (replacing an older one), then evict to the budget."""
         if node.checkpoint is not None:
             self.drop(node.checkpoint)
         ckpt.node, node.checkpoint = node, ckpt
-        self._lru[id(ckpt)] = ckpt
-        self.bytes += ckpt.nbytes
-        while self.bytes > self.budget and self._lru:
-            self._unlink(next(iter(self._lru.values())))
-            self.counters.evicted += 1
+        tier = self.tiers[ckpt.tier]
+        tier.lru[id(ckpt)] = ckpt
+        tier.bytes += ckpt.nbytes
+        self._evict_host()
 
     def restore(self, ckpt: Checkpoint, states, row: int) -> None:
-        states.conv[:, row] = self._to_device(ckpt.conv)
-        states.rule[:, row] = self._to_device(ckpt.rule)
-        self._lru.move_to_end(id(ckpt))
+        move = (lambda a: a) if ckpt.tier == DEVICE else self._to_device
+        states.conv[:, row] = move(ckpt.conv)
+        states.rule[:, row] = move(ckpt.rule)
+        self.tiers[ckpt.tier].lru.move_to_end(id(ckpt))
         self.counters.hits += 1
         self.counters.reused_tokens += ckpt.position
 
     def drop(self, ckpt: Checkpoint) -> None:
         """Unlink and free one checkpoint (its node is going away, or a newer one replaces it)."""
-        if id(ckpt) in self._lru:
+        if ckpt.tier is not None and id(ckpt) in self.tiers[ckpt.tier].lru:
             self._unlink(ckpt)
             self.counters.dropped += 1
 
-    def _unlink(self, ckpt: Checkpoint) -> None:
-        del self._lru[id(ckpt)]
-        self.bytes -= ckpt.nbytes
-        if ckpt.node is not None and ckpt.node.checkpoint is ckpt:
-            ckpt.node.checkpoint = None
-        ckpt.node = None
+    def discard(self, ckpt: Checkpoint) -> None:
+        """Free a pending checkpoint that will never be linked (its position was never cached)."""
+        assert ckpt.node is None, "discard is for pending checkpoints; linked ones are dropped"
+        self._release(ckpt)
+        self.counters.dropped += 1
 
     def clear(self) -> None:
         """Unlink and free every checkpoint (the tree they hang from is being replaced)."""
-        for ckpt in list(self._lru.values()):
-            self._unlink(ckpt)
-            self.counters.dropped += 1
+        for tier in self.tiers.values():
+            for ckpt in list(tier.lru.values()):
+                self._unlink(ckpt)
+                self.counters.dropped += 1
+
+    def _room_on_device(self, one: int) -> bool:
+        """Demote the oldest linked device checkpoints until `one` more bytes fit the device budget."""
+        tier = self.tiers[DEVICE]
+        if one > tier.budget:
+            return False
+        while self.device_held + one > tier.budget and tier.lru:
+            self._demote(next(iter(tier.lru.values())))
+        return self.device_held + one <= tier.budget
+
+    def _demote(self, ckpt: Checkpoint) -> None:
+        device, host = self.tiers[DEVICE], self.tiers[HOST]
+        del device.lru[id(ckpt)]
+        device.bytes -= ckpt.nbytes
+        self.device_held -= ckpt.nbytes
+        conv, rule = self._host_buffers(ckpt.conv.shape, ckpt.rule.shape)
+        conv[...], rule[...] = self._to_host(ckpt.conv), self._to_host(ckpt.rule)
+        ckpt.conv, ckpt.rule, ckpt.tier = conv, rule, HOST
+        host.lru[id(ckpt)] = ckpt          # newer than every host one: the device holds the recent
+        host.bytes += ckpt.nbytes
+        self.counters.demoted += 1
+        self._evict_host()
+
+    def _host_buffers(self, conv_shape, rule_shape):
+        return self._spare.pop() if self._spare else (np.empty(conv_shape, np.float32), np.empty(rule_shape, np.float32))
+
+    def _evict_host(self) -> None:
+        host = self.tiers[HOST]
+        while host.bytes > host.budget and host.lru:
+            self._unlink(next(iter(host.lru.values())))
+            self.counters.evicted += 1
+
+    def _unlink(self, ckpt: Checkpoint) -> None:
+        tier = self.tiers[ckpt.tier]
+        del tier.lru[id(ckpt)]
+        tier.bytes -= ckpt.nbytes
+        if ckpt.node is not None and ckpt.node.checkpoint is ckpt:
+            ckpt.node.checkpoint = None
+        ckpt.node = None
+        self._release(ckpt)
+
+    def _release(self, ckpt: Checkpoint) -> None:
+        """Give the checkpoint's memory back now, even if something still holds the object. A
+        host buffer is kept for the next host checkpoint while linked plus spare bytes stay
+        within the host budget: a fresh 60 MiB allocation is fresh pages from the kernel, and
+        faulting them in cost 16-150 ms a checkpoint on the dev VM against 8 ms to fill reused
+        ones (bench/checkpoint_cost.py)."""
+        if ckpt.tier == DEVICE:
+            self.device_held -= ckpt.nbytes
+        elif ckpt.tier == HOST and self.tiers[HOST].bytes + (len(self._spare) + 1) * ckpt.nbytes <= self.tiers[HOST].budget:
+            self._spare.append((ckpt.conv, ckpt.rule))
+        ckpt.conv = ckpt.rule = None
+        ckpt.tier = None
+
+    def linked(self) -> list[Checkpoint]:
+        return [c for t in self.tiers.values() for c in t.lru.values()]
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return sum(len(t.lru) for t in self.tiers.values())
 
     def status(self) -> dict:
         c = self.counters
-        return {"checkpoints": len(self), "bytes": self.bytes, "budget_bytes": self.budget, "tier": "host",
+        tiers = {name: {"checkpoints": len(t.lru), "bytes": t.bytes, "budget_bytes": t.budget}
+                 for name, t in self.tiers.items()}
+        return {"checkpoints": len(self), "bytes": self.bytes, "budget_bytes": self.budget, "tiers": tiers,
                 "taken": c.taken, "hits": c.hits, "evicted": c.evicted, "dropped": c.dropped,
-                "reused_tokens": c.reused_tokens}
+                "demoted": c.demoted, "reused_tokens": c.reused_tokens}

@@ -58,7 +58,8 @@ class EngineCore:
         self.moe = self._make_moe()
         self.model = build.make_model(cfg, self.weights, self.ops, self.moe, self.kv, self.states)
         self.forward = self._make_forward()
-        self.prefix_cache, self.checkpoints, anchors = build.prefix_cache_for(cfg, config, self.ops, self.tokenizer)
+        self.prefix_cache, self.checkpoints, anchors = build.prefix_cache_for(
+            cfg, self.config, self.ops, self.tokenizer, self._device_spare)
         self.scheduler = Scheduler(self.kv, config.max_running_requests, config.chunked_prefill_size,
                                    self.max_model_len, self.prefix_cache, self.states, anchors)
         self._streams: dict[str, TextStream] = {}
@@ -97,12 +98,14 @@ class EngineCore:
     def _plan_gpu_memory(self) -> None:
         """On CUDA, split the GPU budget (free memory or --gpu-memory-gb) into weights, KV, expert
         cache and workspace; sizes the user did not give come from the plan (one log line)."""
+        self._device_spare = 0                      # the plan's bytes for a hybrid's device checkpoints
         if self.ops.name != "cuda":
             return
         cupy = load_cupy()
         from freetoken.engine.gpu_budget import plan_gpu_memory
         plan = plan_gpu_memory(self.model_config, self.config, cupy.cuda.runtime.memGetInfo()[0])
         logger.info("GPU memory plan: %s (%s)", plan.describe(), plan.capped_by)
+        self._device_spare = plan.checkpoint_bytes
         changes = {}
         if self.config.num_kv_tokens <= 0:
             changes["num_kv_tokens"] = plan.kv_tokens
@@ -222,7 +225,6 @@ class EngineCore:
         prefilling = [req for req, _ in schedule if req.in_prefill]
         reqs, tokens, lps = self._forward(schedule)
         for req in prefilling:
-            self.scheduler.checkpoint_prefill(req)
             if not req.in_prefill:
                 self.scheduler.cache_prompt(req)
         for req, tok in zip(reqs, tokens):
@@ -232,7 +234,7 @@ class EngineCore:
     def _forward(self, schedule):
         """Model forward + sampling: (requests that sampled, their token ids)."""
         from freetoken.engine.runner import run_step
-        return run_step(self.forward, self.ops, schedule, self.scheduler.alloc)
+        return run_step(self.forward, self.ops, schedule, self.scheduler.alloc, self.scheduler.state_cuts)
 
     def _make_forward(self):
         """Host batch -> logits: the model itself on numpy backends; on CUDA, decode steps replay

@@ -4,9 +4,10 @@ KV cache and the expert cache (DESIGN §1: the memory left over is one expert ca
 Pure arithmetic on the model and engine configs, so it is tested on a CPU; the engine measures
 free device memory (cudaMemGetInfo) and passes it in. ``--gpu-memory-gb X`` caps the budget.
 Claims, in order: non-expert weights (must fit); workspace (activations and op scratch of the
-largest step); KV (max_running x context, at most KV_MAX_SHARE of what is left, but always one
-full context); then every remaining byte becomes expert-cache slots, capped at all Lm*E experts
-(then the `fused` backend fits).
+largest step); a hybrid's recurrent states; KV (max_running x context, at most KV_MAX_SHARE of
+what is left, but always one full context); state checkpoints when --state-checkpoint-gpu-mb
+asks for some; then every remaining byte becomes expert-cache slots, capped at all Lm*E experts
+(then the `fused` backend fits), and what even that leaves is a hybrid's checkpoint device tier.
 
 Shape legend: L layers, Lm MoE layers, E experts, k routed, H hidden, I expert width, V vocab,
 Hq/G query/kv heads, D head dim, T tokens of the largest step.
@@ -37,6 +38,7 @@ class GpuPlan:
     total_experts: int       # Lm * E
     capped_by: str           # "--gpu-memory-gb" or "free memory"
     state_bytes: int = 0     # a hybrid's recurrent-state pool (one fp32 row per running request)
+    checkpoint_bytes: int = 0  # a hybrid's device tier of state checkpoints (engine/checkpoints.py)
 
     @property
     def fits_all_experts(self) -> bool:
@@ -52,7 +54,8 @@ class GpuPlan:
                 f"KV {gb(self.kv_bytes)} ({self.kv_tokens} tokens), expert cache "
                 f"{gb(self.expert_bytes)} ({self.expert_slots} slots = "
                 f"{100 * self.expert_fraction:.0f}% of experts), workspace {gb(self.workspace_bytes)}"
-                + (f", recurrent states {gb(self.state_bytes)}" if self.state_bytes else ""))
+                + (f", recurrent states {gb(self.state_bytes)}" if self.state_bytes else "")
+                + (f", state checkpoints {gb(self.checkpoint_bytes)}" if self.checkpoint_bytes else ""))
 
 
 def dtype_bytes(cfg: ModelConfig) -> int:
@@ -159,6 +162,22 @@ def plan_gpu_memory(cfg: ModelConfig, engine_config: EngineConfig, free_bytes: i
                           f"states ({states / GB:.2f} GB) exceed the GPU budget of {budget / GB:.2f} GB ({capped_by})")
     kv_tokens = _kv_tokens(cfg, ec, left)
     kv = kv_tokens * kv_bytes_per_token(cfg, ec)
-    slots = _expert_slots(cfg, ec, left - kv)
+    claimed = _checkpoint_claim(cfg, ec, left - kv)
+    slots = _expert_slots(cfg, ec, left - kv - claimed)
+    spare = left - kv - claimed - slots * expert_bytes(cfg)
+    checkpoints = spare if cfg.is_hybrid and getattr(ec, "state_checkpoint_gpu_mb", 0) < 0 else claimed
     return GpuPlan(budget, weights, work, kv, kv_tokens, slots, slots * expert_bytes(cfg),
-                   len(cfg.moe_layers) * cfg.num_experts, capped_by, states)
+                   len(cfg.moe_layers) * cfg.num_experts, capped_by, states, max(checkpoints, 0))
+
+
+def _checkpoint_claim(cfg: ModelConfig, ec: EngineConfig, left: int) -> int:
+    """--state-checkpoint-gpu-mb N > 0 of a hybrid is claimed before the expert cache; the
+    default (-1) takes only what the expert cache leaves (all experts resident, or a cache size
+    the user capped), so checkpoints never cost an expert slot unasked."""
+    mb = getattr(ec, "state_checkpoint_gpu_mb", 0)
+    if not cfg.is_hybrid or mb <= 0:
+        return 0
+    if mb << 20 > left:
+        raise ConfigError(f"--state-checkpoint-gpu-mb {mb} does not fit: {max(left, 0) / GB:.2f} GB are "
+                          f"left after weights, workspace and KV")
+    return mb << 20

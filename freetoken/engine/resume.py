@@ -1,6 +1,6 @@
 """How a hybrid model's requests use the prefix cache: resume from the deepest cached prefix that
-has a recurrent-state checkpoint, end prefill chunks at anchor positions so the state there can be
-checkpointed, and link those checkpoints to the tree once the prompt's KV is in it (at the end of
+has a recurrent-state checkpoint, have the prefill forward capture the state at each anchor it
+passes (state cuts), and link those checkpoints to the tree once the prompt's KV is in it (at the end of
 prefill) or when the request finishes (the state after everything it computed).
 
 Called by the Scheduler only for hybrid models with a checkpoint pool (engine/build.py).
@@ -19,8 +19,8 @@ class Resumer:
 
     def add(self, req) -> None:
         """Every anchor of the prompt, one of any two closer than MIN_ANCHOR_GAP (the later: a
-        tool result's end and its turn's end are one token apart, and each anchor ends a prefill
-        chunk, i.e. costs a forward), and the prompt's end. Which of them are checkpointed is
+        tool result's end and its turn's end are one token apart, and each checkpoint costs a copy
+        of the whole state and a place in the budget), and the prompt's end. Which of them are checkpointed is
         decided once the resume point is known (reuse)."""
         kept: list[int] = []
         for p in self.anchors.positions(req.prompt_ids):
@@ -60,18 +60,18 @@ class Resumer:
             self.pool.restore(req.resume, self.states, req.state_row)
             req.resume = None
 
-    def chunk(self, req, n: int) -> int:
-        """n, shortened so that the chunk ends at the next anchor (its state is then on hand)."""
-        i = bisect_right(req.anchors, req.num_computed)
-        return min(n, req.anchors[i] - req.num_computed) if i < len(req.anchors) else n
-
-    def after_step(self, req) -> None:
-        """After a forward of req's prefill chunk: checkpoint when it ended at an anchor."""
-        i = bisect_right(req.anchors, req.num_computed) - 1
-        if i >= 0 and req.anchors[i] == req.num_computed and req.num_computed > req.num_cached:
-            ckpt = self.pool.take(self.states, req.state_row, req.num_computed)
+    def cuts(self, req, n: int) -> list:
+        """(offset in the chunk, sink) for each anchor the chunk of n tokens from req.num_computed
+        reaches: its checkpoint is filled by that forward (models/state_cuts.py), one forward
+        however many anchors the chunk spans, and is pending from now on."""
+        lo, hi = req.num_computed, req.num_computed + n
+        out = []
+        for p in req.anchors[bisect_right(req.anchors, lo):bisect_right(req.anchors, hi)]:
+            ckpt = self.pool.blank(self.states, p) if p > req.num_cached else None
             if ckpt is not None:
                 req.pending.append(ckpt)
+                out.append((p - lo, self.pool.sink(ckpt)))
+        return out
 
     def link(self, req, tokens) -> None:
         """Link the pending checkpoints whose position is within `tokens` (now in the tree)."""
@@ -83,7 +83,7 @@ class Resumer:
             elif ckpt.position > len(tokens):
                 keep.append(ckpt)
             else:
-                self.pool.counters.dropped += 1
+                self.pool.discard(ckpt)
         req.pending = keep
 
     def sampled(self, req, token: int) -> None:
@@ -98,7 +98,8 @@ class Resumer:
 
     def discard(self, req) -> None:
         """Checkpoints the request took that never got a node (beyond what it computed)."""
-        self.pool.counters.dropped += len(req.pending)
+        for ckpt in req.pending:
+            self.pool.discard(ckpt)
         req.pending = []
 
     def finish(self, req, reason: str) -> None:

@@ -9,17 +9,21 @@ import numpy as np
 
 from freetoken.engine.sampler import sample, token_logprobs
 from freetoken.models.qwen3_moe import ForwardBatch
+from freetoken.models.state_cuts import split as state_cuts_split
 
 
 def wants_prompt_rows(req) -> bool:
     return req.params.prompt_logprobs is not None and req.in_prefill
 
 
-def build_batch(schedule, alloc) -> ForwardBatch:
-    """Allocate KV slots for the new tokens and lay out the flat index arrays."""
-    ids, positions, tok_seq, slots, last = [], [], [], [], []
+def build_batch(schedule, alloc, state_cuts=None) -> ForwardBatch:
+    """Allocate KV slots for the new tokens and lay out the flat index arrays. state_cuts(req, n):
+    (offset, sink) of each recurrent state the step should capture (hybrid prefill)."""
+    ids, positions, tok_seq, slots, last, cuts = [], [], [], [], [], []
     for b, (req, n) in enumerate(schedule):
         start = req.num_computed
+        if state_cuts is not None:
+            cuts.extend((len(ids) + offset, b, sink) for offset, sink in state_cuts(req, n))
         req.slots.extend(alloc(n))
         ids.extend(req.all_ids[start:start + n])
         positions.extend(range(start, start + n))
@@ -32,19 +36,20 @@ def build_batch(schedule, alloc) -> ForwardBatch:
         table[b, :req.num_computed + n] = req.slots[:req.num_computed + n]
     as32 = lambda a: np.asarray(a, dtype=np.int32)
     hybrid = schedule[0][0].state_row is not None
+    seq_starts = as32(np.cumsum([0] + [n for _, n in schedule])) if hybrid else None
+    state_slots = as32([req.state_row for req, _ in schedule]) if hybrid else None
     return ForwardBatch(ids=as32(ids), positions=as32(positions), tok_seq=as32(tok_seq),
                         slots=as32(slots), slot_table=table, last_index=as32(last),
-                        prefill=any(n > 1 for _, n in schedule),
-                        seq_starts=as32(np.cumsum([0] + [n for _, n in schedule])) if hybrid else None,
-                        state_slots=as32([req.state_row for req, _ in schedule]) if hybrid else None)
+                        prefill=any(n > 1 for _, n in schedule), seq_starts=seq_starts, state_slots=state_slots,
+                        state_cuts=state_cuts_split(seq_starts, state_slots, cuts) if cuts else ())
 
 
-def run_step(forward, ops, schedule, alloc):
+def run_step(forward, ops, schedule, alloc, state_cuts=None):
     """Forward the scheduled tokens; returns (requests that sampled, their new token ids, their
     TokenLogprob or None each). Prompt logprobs are appended to their requests on the way.
     forward: host ForwardBatch -> logits [R, V] (the model, or CUDA-graph replay)."""
     rows = [n if wants_prompt_rows(req) else 1 for req, n in schedule]
-    logits = forward(build_batch(schedule, alloc))                        # [R, V]
+    logits = forward(build_batch(schedule, alloc, state_cuts))            # [R, V]
     ends = np.cumsum(rows) - 1                                            # each sequence's last row
     done_prompt = []
     for b, (req, n) in enumerate(schedule):

@@ -62,8 +62,6 @@ class Scheduler:
                 n = min(len(req.prompt_ids) - req.num_computed, room)
                 if req.params.prompt_logprobs is not None:   # bounds its [n, V] logits rows
                     n = min(n, PROMPT_LOGPROB_ROWS)
-                if self.resumer is not None:
-                    n = self.resumer.chunk(req, n)
                 batch.append((req, n))
                 room -= n
         if batch:
@@ -133,10 +131,12 @@ class Scheduler:
         if self.resumer is not None and not req.in_prefill:
             self.resumer.sampled(req, token)
 
-    def checkpoint_prefill(self, req: Request) -> None:
-        """After a forward of req's prefill chunk (hybrid models): its state at an anchor."""
-        if self.resumer is not None and req.state_row is not None:
-            self.resumer.after_step(req)
+    def state_cuts(self, req: Request, n: int) -> list:
+        """(offset, sink) of each state the forward of req's next n prompt tokens should capture
+        (hybrid models: the anchors it passes, engine/resume.py); empty otherwise."""
+        if self.resumer is None or req.state_row is None or not req.in_prefill:
+            return []
+        return self.resumer.cuts(req, n)
 
     def alloc(self, n: int) -> list[int]:
         """n KV slots, evicting unlocked cached prefixes when the free list runs short."""

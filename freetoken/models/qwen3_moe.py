@@ -25,6 +25,7 @@ class ForwardBatch:
     prefill: bool            # True when any sequence computes more than one token
     seq_starts: np.ndarray | None = None   # int32[B+1] first token of each sequence in T (hybrid models)
     state_slots: np.ndarray | None = None  # int32[B] recurrent-state row of each sequence (hybrid models)
+    state_cuts: tuple = ()                 # models/state_cuts.py Pieces: states wanted mid-step (hybrid prefill)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:

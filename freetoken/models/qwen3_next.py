@@ -38,22 +38,28 @@ class Qwen3Next:
     def forward(self, batch: ForwardBatch):
         """Every layer over the batch's new tokens; returns f32[R, V] logits of batch.last_index."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
+        pieces = [(p.lo, p.hi, ops.to_device(p.state_slots), ops.to_device(p.seq_starts), p.sinks)
+                  for p in batch.state_cuts] or [(0, None, batch.state_slots, batch.seq_starts, ())]
         x = ops.embedding(batch.ids, self.w.embed)                       # [T, H]
         for layer, lw in enumerate(self.w.layers):
             h = ops.rms_norm(x, lw.input_norm, eps)
-            x = x + (self._gdn(layer, lw, h, batch) if lw.is_linear else self._attention(layer, lw, h, batch))
+            x = x + (self._gdn(layer, lw, h, pieces) if lw.is_linear else self._attention(layer, lw, h, batch))
             x = x + self._mlp(layer, lw, ops.rms_norm(x, lw.post_norm, eps), batch)
         last = ops.rms_norm(x[batch.last_index], self.w.final_norm, eps)
         return ops.linear(last, self.w.lm_head)
 
-    def _gdn(self, layer: int, lw, h, batch: ForwardBatch):
+    def _gdn(self, layer: int, lw, h, pieces):
+        """pieces: (lo, hi, state rows, seq_starts, sinks) of the step's state cuts
+        (models/state_cuts.py), or one piece of the whole step."""
         cfg, ops, xp = self.cfg, self.ops, self.ops.xp
         T, Hk, Hv, Dk, Dv, C = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads, \
             cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.conv_dim
+        j = self.gdn_index[layer]
         proj = ops.linear(h, lw.in_proj)                                 # [T, C + Hv*Dv + 2*Hv]
-        conv_state, rule_state = self.states.layer(self.gdn_index[layer])
-        mixed = ops.gdn_conv(xp.ascontiguousarray(proj[:, :C]), lw.conv, conv_state, batch.state_slots,
-                             batch.seq_starts)                           # [T, C]
+        conv_state, rule_state = self.states.layer(j)
+        x = xp.ascontiguousarray(proj[:, :C])
+        mixed = self._piecewise(pieces, "conv", j, conv_state, lambda lo, hi, rows, starts: ops.gdn_conv(
+            x[lo:hi], lw.conv, conv_state, rows, starts))               # [T, C]
         part = lambda lo, n, shape: xp.ascontiguousarray(mixed[:, lo:lo + n]).reshape(shape)
         q = part(0, Hk * Dk, (T, Hk, Dk))
         k = part(Hk * Dk, Hk * Dk, (T, Hk, Dk))
@@ -61,10 +67,21 @@ class Qwen3Next:
         z = xp.ascontiguousarray(proj[:, C:C + Hv * Dv]).reshape(T * Hv, Dv)
         b = xp.ascontiguousarray(proj[:, C + Hv * Dv:C + Hv * Dv + Hv])
         a = xp.ascontiguousarray(proj[:, C + Hv * Dv + Hv:])
-        o = ops.gdn_rule(q, k, v, a, b, lw.A_log, lw.dt_bias, rule_state, batch.state_slots,
-                         batch.seq_starts)                               # [T, Hv, Dv]
+        o = self._piecewise(pieces, "rule", j, rule_state, lambda lo, hi, rows, starts: ops.gdn_rule(
+            q[lo:hi], k[lo:hi], v[lo:hi], a[lo:hi], b[lo:hi], lw.A_log, lw.dt_bias, rule_state, rows,
+            starts))                                                     # [T, Hv, Dv]
         o = ops.gated_rms_norm(o.reshape(T * Hv, Dv), z, lw.gdn_norm, cfg.rms_norm_eps)
         return ops.linear(o.reshape(T, Hv * Dv), lw.out_proj)            # [T, H]
+
+    def _piecewise(self, pieces, kind: str, j: int, state, run):
+        """run(lo, hi, state rows, seq_starts) over each piece in order, the state after a piece
+        handed to the sinks of its cuts before the next piece moves it on; outputs concatenated."""
+        outs = []
+        for lo, hi, rows, starts, sinks in pieces:
+            outs.append(run(lo, hi, rows, starts))
+            for row, sink in sinks:
+                sink(kind, j, state[row])
+        return outs[0] if len(outs) == 1 else self.ops.xp.concatenate(outs)
 
     def _attention(self, layer: int, lw, h, batch: ForwardBatch):
         """Gated attention: q_proj gives each head's query and gate side by side."""

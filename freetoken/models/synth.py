@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from freetoken.config import ConfigError, ModelConfig
+from freetoken.env import available_memory_bytes
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 
 
@@ -127,7 +128,7 @@ def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
     name, shape, seed = parse_spec(spec)
     cfg = ModelConfig.from_dict(shape.hf_config())
     nbytes = weight_bytes(cfg)
-    avail = _available_bytes()
+    avail = available_memory_bytes()
     if avail is not None and nbytes > 0.9 * avail:
         per_layer = (nbytes - 4 * cfg.vocab_size * cfg.hidden_size) / cfg.num_layers
         fit = max(1, int((0.9 * avail - 4 * cfg.vocab_size * cfg.hidden_size) // per_layer))
@@ -176,17 +177,6 @@ def weight_bytes(cfg: ModelConfig) -> int:
     Hq, G = cfg.num_heads, cfg.num_kv_heads
     layer = 2 * H + (Hq + 2 * G) * D * H + H * Hq * D + 2 * D + E * H + 3 * E * I * H
     return 2 * (2 * V * H + H + cfg.num_layers * layer)
-
-
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _info(log, msg, *args):

@@ -109,8 +109,10 @@ def _engine_metrics(metric, s: dict) -> None:
     if ck:
         metric("state_checkpoints", "gauge", "recurrent-state checkpoints held (hybrid models)", [({}, ck["checkpoints"])])
         metric("state_checkpoint_bytes", "gauge", "bytes of recurrent-state checkpoints by tier",
-               [({"tier": ck["tier"]}, ck["bytes"])])
-        for key in ("taken", "hits", "evicted", "dropped", "reused_tokens"):
+               [({"tier": name}, tier["bytes"]) for name, tier in ck["tiers"].items()])
+        metric("state_checkpoint_budget_bytes", "gauge", "byte budget of recurrent-state checkpoints by tier",
+               [({"tier": name}, tier["budget_bytes"]) for name, tier in ck["tiers"].items()])
+        for key in ("taken", "hits", "evicted", "dropped", "demoted", "reused_tokens"):
             metric(f"state_checkpoints_{key}_total", "counter", f"recurrent-state checkpoints: {key.replace('_', ' ')}",
                    [({}, ck[key])])
     moe = s.get("moe") or {}

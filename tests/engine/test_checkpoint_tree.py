@@ -1,7 +1,8 @@
 """The checkpoint pool and the radix tree together, under random operation sequences
-(hypothesis): however inserts, checkpoint links, LRU eviction by budget and KV eviction
-interleave, no node points at a freed checkpoint, no checkpoint points at a gone node, the
-budget holds, counters add up, and a resumable match ends at a node that has a checkpoint."""
+(hypothesis): however inserts, checkpoint links, demotion from the device tier, LRU eviction by
+budget and KV eviction interleave, no node points at a freed checkpoint, no checkpoint points at
+a gone node, each tier's budget holds, counters add up, and a resumable match ends at a node that
+has a checkpoint. numpy stands in for the device (ops=None), so both tiers are host arrays here."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,17 +32,21 @@ def check(tree, pool):
     nodes = tree_nodes(tree)
     linked = [n.checkpoint for n in nodes if n.checkpoint is not None]
     assert all(c.node.checkpoint is c for c in linked)
-    assert sorted(map(id, linked)) == sorted(pool._lru)
-    assert all(c.node in nodes for c in pool._lru.values())
-    assert pool.bytes == sum(c.nbytes for c in linked) <= pool.budget
+    assert sorted(map(id, linked)) == sorted(map(id, pool.linked()))
+    assert all(c.node in nodes for c in pool.linked())
+    for name, tier in pool.tiers.items():
+        assert all(c.tier == name for c in tier.lru.values())
+        assert tier.bytes == sum(c.nbytes for c in tier.lru.values()) <= tier.budget
+    assert pool.device_held == pool.tiers["device"].bytes      # nothing pending between operations
+    assert pool.tiers["host"].bytes + len(pool._spare) * ONE <= pool.tiers["host"].budget   # reused buffers too
     c = pool.counters
     assert c.taken == len(pool) + c.evicted + c.dropped      # every one taken is live, evicted or dropped
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops, st.integers(1, 4))
-def test_random_operations_keep_every_link_valid(sequence, capacity):
-    pool = CheckpointPool(capacity * ONE, np.asarray, np.asarray)
+@given(ops, st.integers(0, 4), st.integers(0, 3))
+def test_random_operations_keep_every_link_valid(sequence, capacity, device):
+    pool = CheckpointPool(capacity * ONE, device * ONE)
     tree, next_slot = RadixCache(pool), [0]
     for op in sequence:
         if op[0] == "insert":
@@ -51,8 +56,10 @@ def test_random_operations_keep_every_link_valid(sequence, capacity):
         elif op[0] == "link":
             node = tree.node_at(op[1][:op[2]])
             ckpt = pool.take(STATES, 0, min(op[2], len(op[1])))
-            if node is None:
-                pool.counters.dropped += 1          # never linked: counted as dropped, as resume.py does
+            if ckpt is None:
+                assert capacity == device == 0
+            elif node is None:
+                pool.discard(ckpt)                  # never linked, as resume.py does
             else:
                 pool.link(ckpt, node)               # a checkpoint it replaces counts as dropped
         elif op[0] == "evict":
@@ -63,3 +70,33 @@ def test_random_operations_keep_every_link_valid(sequence, capacity):
             assert node is tree.root or node.checkpoint is not None
         tree.check()
         check(tree, pool)
+
+
+def test_the_device_tier_demotes_its_oldest_to_the_host_and_both_restore():
+    """New checkpoints go to the device tier while it has room; a full device tier demotes its
+    least recently used one to the host (same contents), and restoring from either tier gives
+    back the state it was taken from."""
+    rng = np.random.default_rng(0)
+    states = SimpleNamespace(conv=rng.standard_normal(STATES.conv.shape, np.float32),
+                             rule=rng.standard_normal(STATES.rule.shape, np.float32))
+    pool, tree = CheckpointPool(2 * ONE, 2 * ONE), RadixCache()
+    tree.checkpoints = pool
+    tree.insert([0, 1, 2, 3], [0, 1, 2, 3])
+    taken = []
+    for position in (1, 2, 3):
+        states.conv[:, 0] += 1.0                      # a different state each time
+        ckpt = pool.take(states, 0, position)
+        assert ckpt.tier == "device"                 # room is made by demoting, not by refusing
+        taken.append((ckpt, states.conv[:, 0].copy(), states.rule[:, 0].copy()))
+        pool.link(ckpt, tree.node_at([0, 1, 2, 3][:position]))
+    assert [c.tier for c, _, _ in taken] == ["host", "device", "device"] and pool.counters.demoted == 1
+    for ckpt, conv, rule in taken:
+        pool.restore(ckpt, states, 1)
+        np.testing.assert_array_equal(states.conv[:, 1], conv)
+        np.testing.assert_array_equal(states.rule[:, 1], rule)
+    check(tree, pool)
+    pending = pool.take(states, 0, 4)                 # device full of linked ones: demote again
+    assert pending.tier == "device" and pool.counters.demoted == 2 and pool.device_held == 2 * ONE
+    pool.discard(pending)
+    assert pool.device_held == ONE and pool.counters.dropped == 1 and len(pool.tiers["host"].lru) == 2
+    check(tree, pool)

@@ -55,7 +55,7 @@ def check_tree(llm):
             assert node.checkpoint.node is node
             linked.append(node.checkpoint)
         stack.extend(node.children.values())
-    assert sorted(map(id, linked)) == sorted(pool._lru) and pool.bytes == sum(c.nbytes for c in linked)
+    assert sorted(map(id, linked)) == sorted(map(id, pool.linked())) and pool.bytes == sum(c.nbytes for c in linked)
     assert pool.bytes <= pool.budget
     c = pool.counters
     assert c.taken == len(pool) + c.evicted + c.dropped     # each one taken is live, evicted or dropped
@@ -97,7 +97,7 @@ def test_an_edit_in_the_middle_resumes_from_the_anchor_before_it(engines):
 def test_a_tight_budget_and_aborts_leave_nothing_dangling():
     llm = LLM(FIXTURE, backend="cpu", moe_backend="fused", state_checkpoint_interval=7, max_model_len=2048)
     pool = llm.core.checkpoints
-    pool.budget = 3 * (llm.core.states.conv[:, 0].nbytes + llm.core.states.rule[:, 0].nbytes)
+    pool.tiers["host"].budget = 3 * (llm.core.states.conv[:, 0].nbytes + llm.core.states.rule[:, 0].nbytes)
     rng = np.random.default_rng(0)
     try:
         for i in range(12):
@@ -149,8 +149,65 @@ def test_decode_keeps_the_state_before_a_sampled_tool_call_opener(engines):
     taken = pool.counters.taken
     req = run(cached, ids, SamplingParams(max_tokens=3, ignore_eos=True, logit_bias=((opener, 100.0),)))
     assert req.output_ids[0] == opener
-    positions = {c.position for c in pool._lru.values()}
+    positions = {c.position for c in pool.linked()}
     assert len(ids) + 0 in positions                  # before the first sampled opener (= prompt end)
     assert len(ids) + 1 in positions and len(ids) + 2 in positions   # each later opener
     assert pool.counters.taken >= taken + 3
     check_tree(cached)
+
+
+def state_after(llm, ids):
+    """(conv, rule) state rows after prefilling ids in one forward (no prefix cache)."""
+    req = llm.core.add_request(ids, SamplingParams(max_tokens=2, ignore_eos=True))
+    llm.core.step()                                   # the whole prompt, then the first token is sampled
+    states = llm.core.states
+    got = states.conv[:, req.state_row].copy(), states.rule[:, req.state_row].copy()
+    while llm.core.has_work():
+        llm.core.step()
+    return got
+
+
+def test_one_forward_captures_the_state_at_every_anchor_it_passes(engines):
+    """A prompt with many anchors prefills in one forward (state cuts: the GDN layers run in
+    pieces, attention and the MoE once), and each checkpoint holds the state of that prefix."""
+    cached, plain = engines
+    msgs = conversation(3, think=False)
+    msgs[0] = {"role": "system", "content": "You are a careful coding agent."}   # nothing of it cached
+    ids = cached.chat_prompt(msgs)
+    forwards, forward = [], cached.core.forward
+    cached.core.forward = lambda batch: forwards.append(batch.state_cuts) or forward(batch)
+    try:
+        req = run(cached, ids, SamplingParams(max_tokens=1, ignore_eos=True))
+    finally:
+        cached.core.forward = forward
+    assert req.num_cached == 0 and len(forwards) == 1 and len(forwards[0]) == len(req.anchors) >= 6   # the last piece ends at the prompt end
+    tree = cached.core.prefix_cache
+    taken = [tree.node_at(ids[:p]).checkpoint for p in req.anchors]
+    assert all(c is not None and c.position == p for c, p in zip(taken, req.anchors))
+    for ckpt in taken[:-1]:        # within float32 rounding of GEMMs over other row counts
+        conv, rule = state_after(plain, ids[:ckpt.position])
+        np.testing.assert_allclose(ckpt.conv, conv, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ckpt.rule, rule, rtol=1e-4, atol=1e-4)
+        assert not np.allclose(ckpt.conv, state_after(plain, ids[:ckpt.position + 1])[0], rtol=1e-4, atol=1e-4)
+    check_tree(cached)
+
+
+def test_the_default_budget_is_per_running_request_and_capped_by_available_memory(monkeypatch):
+    """--state-checkpoint-mb -1: CHECKPOINTS_PER_REQUEST a running request, at most 1/8 of the
+    memory available; the device tier only what the GPU plan left over, at most the host tier;
+    the log sentence says which. Explicit flags are taken as given."""
+    from freetoken import env
+    from freetoken.config import EngineConfig, ModelConfig
+    from freetoken.engine.build import CHECKPOINTS_PER_REQUEST, checkpoint_budgets
+    from freetoken.engine.state_pool import StatePool
+    from freetoken.models.synth_hybrid import PRESETS
+    cfg = ModelConfig.from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
+    row = StatePool.bytes_per_row(cfg)
+    monkeypatch.setattr(env, "available_memory_bytes", lambda: 1 << 40)
+    host, device, why = checkpoint_budgets(cfg, EngineConfig(max_running_requests=2), 0)
+    assert (host, device) == (2 * CHECKPOINTS_PER_REQUEST * row, 0) and "per running request x 2" in why
+    monkeypatch.setattr(env, "available_memory_bytes", lambda: 8 << 30)
+    host, device, why = checkpoint_budgets(cfg, EngineConfig(), 5 << 30)
+    assert host == 1 << 30 and device == 1 << 30 and "capped at 1/8 of 8.0 GiB" in why and "device" in why
+    host, device, _ = checkpoint_budgets(cfg, EngineConfig(state_checkpoint_mb=100, state_checkpoint_gpu_mb=0), 5 << 30)
+    assert (host, device) == (100 << 20, 0)

@@ -103,3 +103,25 @@ def test_fp32_checkpoints_count_four_bytes():
     f32 = dataclasses.replace(BIG, torch_dtype="float32")
     assert gb.expert_bytes(f32) == 2 * gb.expert_bytes(BIG)
     assert gb.kv_bytes_per_token(f32, EngineConfig()) == 2 * gb.kv_bytes_per_token(BIG, EngineConfig())
+
+
+QWEN36 = ModelConfig.from_dict(__import__("freetoken.models.synth_hybrid", fromlist=["PRESETS"])
+                               .PRESETS["qwen3.6-35b-a3b"].hf_config())
+
+
+def test_a_hybrids_checkpoints_get_only_what_the_expert_cache_leaves_unless_asked():
+    """Default: the device tier of state checkpoints is what is left once every expert is cached
+    (a GPU that holds them all), never an expert slot; --state-checkpoint-gpu-mb N is claimed
+    before the expert cache, or refused with the numbers; a non-hybrid gets none."""
+    tight = gb.plan_gpu_memory(QWEN36, EngineConfig(), int(40 * gb.GB))
+    assert not tight.fits_all_experts and tight.checkpoint_bytes < gb.expert_bytes(QWEN36)
+    roomy = gb.plan_gpu_memory(QWEN36, EngineConfig(), int(140 * gb.GB))
+    assert roomy.fits_all_experts and roomy.checkpoint_bytes > 10 * gb.GB
+    assert _sum(roomy) + roomy.state_bytes + roomy.checkpoint_bytes <= roomy.budget_bytes
+    asked = gb.plan_gpu_memory(QWEN36, EngineConfig(state_checkpoint_gpu_mb=2048), int(40 * gb.GB))
+    assert asked.checkpoint_bytes == 2048 << 20 and asked.expert_slots < tight.expert_slots
+    assert gb.plan_gpu_memory(QWEN36, EngineConfig(state_checkpoint_gpu_mb=0), int(140 * gb.GB)).checkpoint_bytes == 0
+    with pytest.raises(ConfigError, match="--state-checkpoint-gpu-mb 900000 does not fit"):
+        gb.plan_gpu_memory(QWEN36, EngineConfig(state_checkpoint_gpu_mb=900000), int(140 * gb.GB))
+    assert gb.plan_gpu_memory(BIG, EngineConfig(), int(140 * gb.GB)).checkpoint_bytes == 0
+    assert "state checkpoints" in roomy.describe()

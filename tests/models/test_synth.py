@@ -79,7 +79,7 @@ def test_bad_specs_are_clear_errors(spec, match):
 
 def test_too_big_for_memory_is_a_clear_error(monkeypatch):
     import freetoken.models.synth as synth
-    monkeypatch.setattr(synth, "_available_bytes", lambda: 1 << 30)
+    monkeypatch.setattr(synth, "available_memory_bytes", lambda: 1 << 30)
     with pytest.raises(ConfigError, match=r"try synth:medium,layers=\d+"):
         synth_model("medium", None)
 
