@@ -132,8 +132,8 @@ def main(argv=None) -> None:
                 t = c[tier]
                 print(f"| {name} | {c['bytes'] / 2**20:.1f} | {tier} | {fmt(t['take_cold_ms'])} | "
                       f"{fmt(t['take_reused_ms'])} | {fmt(t['restore_ms'])} |")
-    tokens = [int(x) for x in args.tokens.split(",")]
-    prefill = prefill_costs(args.model, args.backend, tokens, args.cuts, args.repeats)
+    tokens = [int(x) for x in args.tokens.split(",") if x]
+    prefill = prefill_costs(args.model, args.backend, tokens, args.cuts, args.repeats) if tokens else {}
     scale = real.num_layers / small.num_layers
     restore_real = copies["qwen3.6-35b-a3b (40 layers)"]["host"]["restore_ms"]["median"]
     print(f"\n| prompt tokens | TTFT ms, no checkpoints | TTFT ms, {args.cuts} cuts in the forward | ratio |"

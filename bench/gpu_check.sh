@@ -28,6 +28,7 @@ KARGS="--device cuda --check --bench"
 BENCHES=(
   "gpu decode e2e|240|$PY bench/gpu_decode.py --out $LOGS/gpu_decode.json"
   "moe backends (gpu_moe)|200|$PY bench/gpu_moe.py --out $LOGS/gpu_moe.json"
+  "checkpoint copies|150|$PY bench/checkpoint_cost.py --backend cuda --tokens 2048 --repeats 3 --out $LOGS/checkpoint_cost.json"
   "gpu decode kernels|150|$PY bench/kernels/gpu_decode_kernels.py --out $LOGS/gpu_decode_kernels.json"
   "experts decode|60|$KERNEL experts $KARGS --iters 200"
   "attention decode|60|$KERNEL attention $KARGS --iters 200"

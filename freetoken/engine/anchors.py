@@ -9,11 +9,15 @@ from __future__ import annotations
 # (marker text, where the anchor sits) for every marker a Qwen-style template may use
 AFTER = ("<|im_end|>", "</think>", "</tool_response>")
 BEFORE = ("<tool_call>",)
+# a user message opens with USER_TURN; a tool result is a user message that starts with TOOL_RESULT
+USER_TURN, TOOL_RESULT = "<|im_start|>user", "<tool_response>"
 
 
 class Anchors:
-    def __init__(self, after: list[tuple[int, ...]], before: list[tuple[int, ...]], interval: int = 0):
+    def __init__(self, after: list[tuple[int, ...]], before: list[tuple[int, ...]], interval: int = 0,
+                 user_turn: tuple[int, ...] = (), tool_result: tuple[int, ...] = ()):
         self.after, self.before, self.interval = after, before, interval
+        self.user_turn, self.tool_result = user_turn, tool_result
 
     @classmethod
     def for_tokenizer(cls, tokenizer, semantic: bool = True, interval: int = 0) -> "Anchors":
@@ -21,7 +25,8 @@ class Anchors:
         template = tokenizer.chat_template or ""
         seq = lambda text: tuple(tokenizer.encode(text))
         pick = lambda markers: [seq(m) for m in markers if m in template and seq(m)] if semantic else []
-        return cls(pick(AFTER), pick(BEFORE), interval)
+        user, result = (pick((m,)) or [()] for m in (USER_TURN, TOOL_RESULT))
+        return cls(pick(AFTER), pick(BEFORE), interval, user[0], result[0])
 
     @property
     def openers(self) -> frozenset:
@@ -44,3 +49,17 @@ class Anchors:
         if self.interval > 0:
             found.update(range(self.interval, len(ids), self.interval))
         return sorted(p for p in found if 0 < p < len(ids))
+
+    def ends_a_query(self, ids: list[int]) -> bool:
+        """The prompt's last user message is a real query, not a tool result. The template then
+        renders everything after it differently once the next query arrives (Qwen3's drops every
+        earlier thinking block), so the state at such a prompt's end is worth keeping long."""
+        n = len(self.user_turn)
+        if not n or not self.tool_result:
+            return False
+        last = next((i for i in range(len(ids) - n, -1, -1) if tuple(ids[i:i + n]) == self.user_turn), None)
+        if last is None:
+            return False
+        body = ids[last + n:last + n + len(self.tool_result) + 2]      # after the role's newline
+        m = len(self.tool_result)
+        return not any(tuple(body[i:i + m]) == self.tool_result for i in range(len(body) - m + 1))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 DEVICE, HOST = "device", "host"
+KEEP_SHARE = 0.25   # of the host budget: kept checkpoints beyond it are evicted like any other
 
 
 @dataclass(eq=False)
@@ -33,6 +34,7 @@ class Checkpoint:
     rule: object                 # f32[Lg, Hv, Dk, Dv] on its tier
     tier: str = HOST
     node: object = None          # the radix node it is linked to (None while pending)
+    keep: bool = False           # the end of a prompt that ends a user query: evicted last
 
     @property
     def nbytes(self) -> int:
@@ -110,6 +112,7 @@ class CheckpointPool:
     def link(self, ckpt: Checkpoint, node) -> None:
         """Make `ckpt` the node's checkpoint (replacing an older one), then evict to the budget."""
         if node.checkpoint is not None:
+            ckpt.keep = ckpt.keep or node.checkpoint.keep       # the same state, taken again
             self.drop(node.checkpoint)
         ckpt.node, node.checkpoint = node, ckpt
         tier = self.tiers[ckpt.tier]
@@ -172,8 +175,20 @@ class CheckpointPool:
     def _evict_host(self) -> None:
         host = self.tiers[HOST]
         while host.bytes > host.budget and host.lru:
-            self._unlink(next(iter(host.lru.values())))
+            self._unlink(self._victim(host))
             self.counters.evicted += 1
+
+    def _victim(self, host: Tier) -> Checkpoint:
+        """The least recently used host checkpoint, passing over kept ones (query ends) while
+        they hold at most KEEP_SHARE of the budget. A user query makes the template re-render
+        what follows the previous one (bench/agent_edits.py: a second interjection 10 turns on
+        needs the first one's state, which plain LRU at 32 checkpoints had evicted)."""
+        kept = sum(c.nbytes for c in host.lru.values() if c.keep)
+        if kept <= KEEP_SHARE * host.budget:
+            for ckpt in host.lru.values():
+                if not ckpt.keep:
+                    return ckpt
+        return next(iter(host.lru.values()))
 
     def _unlink(self, ckpt: Checkpoint) -> None:
         tier = self.tiers[ckpt.tier]

@@ -113,6 +113,7 @@ class Request:
     anchor_candidates: list = field(default_factory=list)  # every anchor of the prompt (hybrid models)
     anchors: list = field(default_factory=list)   # the ones this prefill checkpoints at, and the end
     pending: list = field(default_factory=list)   # checkpoints taken, linked once their KV is in the tree
+    ends_a_query: bool = False    # the prompt's last message is the user's, not a tool result (hybrid models)
     resume: object = None         # the checkpoint this request's prefill resumes from
     prompt_unique: object = None  # sorted distinct prompt ids (the repetition penalty's), made once
 

@@ -30,6 +30,7 @@ class Resumer:
                 kept.append(p)
         req.anchor_candidates = kept + [len(req.prompt_ids)]
         req.anchors = list(req.anchor_candidates)
+        req.ends_a_query = self.anchors.ends_a_query(req.prompt_ids)
 
     def _select(self, req) -> None:
         """The anchors past the resume point this prefill checkpoints: the first and the last
@@ -69,6 +70,7 @@ class Resumer:
         for p in req.anchors[bisect_right(req.anchors, lo):bisect_right(req.anchors, hi)]:
             ckpt = self.pool.blank(self.states, p) if p > req.num_cached else None
             if ckpt is not None:
+                ckpt.keep = req.ends_a_query and p == len(req.prompt_ids)
                 req.pending.append(ckpt)
                 out.append((p - lo, self.pool.sink(ckpt)))
         return out

@@ -100,3 +100,21 @@ def test_the_device_tier_demotes_its_oldest_to_the_host_and_both_restore():
     pool.discard(pending)
     assert pool.device_held == ONE and pool.counters.dropped == 1 and len(pool.tiers["host"].lru) == 2
     check(tree, pool)
+
+
+def test_kept_checkpoints_are_evicted_last_within_their_share():
+    """The host tier evicts least recently used first but passes over kept ones (query ends)
+    while they hold at most KEEP_SHARE of its budget; past that share they go like any other."""
+    from freetoken.engine.checkpoints import KEEP_SHARE
+    pool, tree = CheckpointPool(8 * ONE), RadixCache()
+    tree.checkpoints = pool
+    tree.insert(list(range(20)), list(range(20)))
+    ids = list(range(20))
+    for p in range(1, 13):
+        ckpt = pool.take(STATES, 0, p)
+        ckpt.keep = p in (1, 2, 3)                     # three kept: more than 8 * KEEP_SHARE = 2
+        pool.link(ckpt, tree.node_at(ids[:p]))
+    alive = sorted(c.position for c in pool.linked())
+    assert len(alive) == 8 and KEEP_SHARE * 8 == 2
+    assert alive == [2, 3, 7, 8, 9, 10, 11, 12]        # 1 went when the kept ones were over their share
+    check(tree, pool)

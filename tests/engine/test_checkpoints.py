@@ -211,3 +211,21 @@ def test_the_default_budget_is_per_running_request_and_capped_by_available_memor
     assert host == 1 << 30 and device == 1 << 30 and "capped at 1/8 of 8.0 GiB" in why and "device" in why
     host, device, _ = checkpoint_budgets(cfg, EngineConfig(state_checkpoint_mb=100, state_checkpoint_gpu_mb=0), 5 << 30)
     assert (host, device) == (100 << 20, 0)
+
+
+def test_a_prompt_that_ends_a_user_query_keeps_its_end_checkpoint(engines):
+    """A prompt whose last message is the user's (not a tool result) marks its end checkpoint
+    kept: the template re-renders what follows once the next query arrives, so that state is
+    needed turns later."""
+    cached, _ = engines
+    anchors = cached.core.scheduler.resumer.anchors
+    tool_turn = conversation(2)
+    query_turn = tool_turn + [{"role": "user", "content": "Now run the tests."}]
+    assert not anchors.ends_a_query(cached.chat_prompt(tool_turn))
+    assert anchors.ends_a_query(cached.chat_prompt(query_turn))
+    assert anchors.ends_a_query(cached.chat_prompt(conversation(0) + [{"role": "user", "content": "hi"}]))
+    ids = cached.chat_prompt(query_turn)
+    run(cached, ids, SamplingParams(max_tokens=1, ignore_eos=True))
+    node = cached.core.prefix_cache.node_at(ids)
+    assert node.checkpoint is not None and node.checkpoint.keep
+    check_tree(cached)

@@ -66,5 +66,7 @@ def test_a_second_turn_reuses_a_checkpoint_and_the_counters_say_so(demo_tokenize
         metrics = httpx.get(proc.url + "/metrics").text
         hits = [l for l in metrics.splitlines() if l.startswith("freetoken_state_checkpoints_hits_total ")]
         assert hits and float(hits[0].split()[1]) >= 1, metrics[-2000:]
+        host = [l for l in metrics.splitlines() if l.startswith('freetoken_state_checkpoint_bytes{tier="host"} ')]
+        assert host and float(host[0].split()[1]) == ck["tiers"]["host"]["bytes"] > 0, metrics[-2000:]
     finally:
         assert proc.stop() == 0
