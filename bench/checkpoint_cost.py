@@ -75,10 +75,11 @@ def copy_costs(cfg, ops, repeats: int) -> dict:
     return out
 
 
-def prefill_costs(model: str, backend: str, tokens: list[int], cuts: int, repeats: int) -> dict:
+def prefill_costs(base, model: str, backend: str, tokens: list[int], cuts: int, repeats: int) -> dict:
+    """base: an engine of `model` without checkpoints; one with cuts is made per prompt length
+    (they share the synth weights: agent_edits.share_synth_weights)."""
     from freetoken import LLM, SamplingParams
-    engines = {"no checkpoints": LLM(model=model, backend=backend, state_checkpoint_mb=0, max_running_requests=1),
-               f"{cuts} cuts": None}
+    engines = {"no checkpoints": base, f"{cuts} cuts": None}
     rng, rows = np.random.default_rng(0), {}
     for T in tokens:
         engines[f"{cuts} cuts"] = LLM(model=model, backend=backend, semantic_anchors=False,
@@ -97,7 +98,6 @@ def prefill_costs(model: str, backend: str, tokens: list[int], cuts: int, repeat
         engines[f"{cuts} cuts"].core.close()
         rows[T] = {name: median_range(t) for name, t in times.items()}
         rows[T]["checkpoints_taken_per_prompt"] = taken / (repeats + 1)
-    engines["no checkpoints"].core.close()
     return rows
 
 
@@ -112,13 +112,14 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     import logging
     logging.getLogger("freetoken").setLevel(logging.ERROR)
-    from freetoken.backend import get_ops
+    from agent_edits import share_synth_weights
+    from freetoken import LLM
     from freetoken.config import ModelConfig
-    from freetoken.models.loader import load_model
     from freetoken.models.synth_hybrid import PRESETS
-    ops = get_ops(args.backend)
+    share_synth_weights()            # the engines of one synth spec share one copy of its weights
+    base = LLM(model=args.model, backend=args.backend, state_checkpoint_mb=0, max_running_requests=1)
+    ops, small = base.core.ops, base.core.model_config
     real = ModelConfig.from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
-    small = load_model(args.model, logging.getLogger("freetoken")).config
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"# {cpu}, {os.cpu_count()} cores, backend {args.backend}, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
     copies = {"qwen3.6-35b-a3b (40 layers)": copy_costs(real, ops, args.repeats),
@@ -133,7 +134,8 @@ def main(argv=None) -> None:
                 print(f"| {name} | {c['bytes'] / 2**20:.1f} | {tier} | {fmt(t['take_cold_ms'])} | "
                       f"{fmt(t['take_reused_ms'])} | {fmt(t['restore_ms'])} |")
     tokens = [int(x) for x in args.tokens.split(",") if x]
-    prefill = prefill_costs(args.model, args.backend, tokens, args.cuts, args.repeats) if tokens else {}
+    prefill = prefill_costs(base, args.model, args.backend, tokens, args.cuts, args.repeats) if tokens else {}
+    base.core.close()
     scale = real.num_layers / small.num_layers
     restore_real = copies["qwen3.6-35b-a3b (40 layers)"]["host"]["restore_ms"]["median"]
     print(f"\n| prompt tokens | TTFT ms, no checkpoints | TTFT ms, {args.cuts} cuts in the forward | ratio |"

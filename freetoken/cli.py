@@ -63,10 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from freetoken import log
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []   # for the program a command runs
+    args = parser.parse_args(argv[:len(argv) - len(passthrough) - 1] if "--" in argv else argv)
     if not args.command:
         parser.print_help()
         return 2
+    if "--" in argv and not hasattr(args, "passthrough"):
+        parser.error(f"arguments after -- are for the program `launch` runs; {args.command} takes none")
+    if hasattr(args, "passthrough"):
+        args.passthrough = passthrough
     log.setup(args.log_level)
     try:
         return int(args.run(args) or 0)

@@ -1,7 +1,7 @@
 """Subcommands of ``python -m freetoken``; each module has ``register(subparsers)``."""
 import importlib
 
-COMMANDS = ("generate", "demo_model", "chat", "serve", "ctl", "kernel", "bench")
+COMMANDS = ("generate", "demo_model", "chat", "serve", "launch", "ctl", "kernel", "bench")
 
 
 def register_all(sub) -> None:

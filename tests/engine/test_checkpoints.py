@@ -229,3 +229,25 @@ def test_a_prompt_that_ends_a_user_query_keeps_its_end_checkpoint(engines):
     node = cached.core.prefix_cache.node_at(ids)
     assert node.checkpoint is not None and node.checkpoint.keep
     check_tree(cached)
+
+
+@pytest.mark.parametrize("backend,moe", [("ref", "fused"), ("cpu", "cpu"), ("cpu", "offload"), ("cpu", "hybrid")])
+def test_resuming_matches_the_uninterrupted_run_on_every_backend(backend, moe):
+    """The follow-up turn resumes from a checkpoint (state cuts in its first prefill, a restore
+    in the second) and gives the uninterrupted run's logprobs, on the numpy reference ops and
+    under every MoE backend of the CPU path (the cuda one: tests/test_backends_agree_cuda.py)."""
+    opts = dict(backend=backend, moe_backend=moe, max_model_len=2048,
+                **({"moe_cache_rate": 0.5} if moe in ("offload", "hybrid") else {}),
+                **({"moe_fetch_fraction": 0.3} if moe == "hybrid" else {}))
+    cached, plain = LLM(FIXTURE, state_checkpoint_interval=0, **opts), LLM(FIXTURE, enable_prefix_cache=False, **opts)
+    try:
+        run(cached, cached.chat_prompt(conversation(1)))
+        follow = cached.chat_prompt(conversation(2))
+        req, want = run(cached, follow), run(plain, follow)
+        assert req.num_cached > 0 and req.output_ids == want.output_ids
+        np.testing.assert_allclose([lp.logprob for lp in req.output_logprobs],
+                                   [lp.logprob for lp in want.output_logprobs], atol=1e-4)
+        check_tree(cached)
+    finally:
+        cached.core.close()
+        plain.core.close()

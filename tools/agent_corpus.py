@@ -1,0 +1,226 @@
+"""Synthetic agent conversations for the built-in models (tools/train_demo.py): a harness's system
+prompt and tool list, a user request that needs a tool, the call (the right tool of the listed
+ones, arguments from the request that fit its schema), a plausible result, and a final answer
+that uses it; some with thinking, several calls, several turns; and tool-free chat. Deterministic
+for a seed. Tool lists are the real ones of Claude Code and Codex CLI (names, parameters and
+required fields, read from the captured traffic in tests/server/fixtures/harnesses/) and a
+generic set; file contents are real standard-library sources and short notes.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTURES = ROOT / "tests" / "server" / "fixtures" / "harnesses"
+WORDS = ("apple banana cherry delta echo falcon garden harbor island jungle kettle lemon meadow "
+         "nickel orange pepper quartz river silver tiger umbrella violet walnut yellow zebra "
+         "hello world project notes todo release draft budget summary meeting").split()
+DIRS = ("src", "lib", "app", "tests", "docs", "scripts", "pkg")
+CWDS = ("/home/user/project", "/home/dev/app", "/tmp/work", "/srv/repo", "/home/ana/code/tool")
+
+
+@dataclass
+class Harness:
+    name: str
+    system: str          # the system text (the template keeps its first paragraph and cwd lines)
+    tools: list          # OpenAI-style tool dicts
+    read: str            # tool names by role ('' when the harness has none)
+    write: str
+    shell: str
+    edit: str = ""
+
+
+def _tool(name: str, props: dict, required: list) -> dict:
+    schema = {"type": "object", "properties": {k: {"type": t} for k, t in props.items()}, "required": required}
+    return {"type": "function", "function": {"name": name, "description": "", "parameters": schema}}
+
+
+def _captured_tools(capture: str) -> list:
+    body = json.loads((CAPTURES / f"{capture}.json").read_text())["body"]
+    out = []
+    for t in body["tools"]:
+        schema = t.get("input_schema") or t.get("parameters")
+        if t.get("name") and isinstance(schema, dict):
+            out.append({"type": "function", "function": {"name": t["name"], "description": "",
+                                                         "parameters": schema}})
+    return out
+
+
+def harnesses() -> list[Harness]:
+    claude_sys = ("You are an interactive agent that helps users with software engineering tasks.\n\n"
+                  "# Environment\n - Primary working directory: {cwd}\n - Platform: linux")
+    codex_sys = "You are a coding agent running in the Codex CLI, a terminal-based coding assistant."
+    generic = [_tool("read_file", {"path": "string"}, ["path"]),
+               _tool("write_file", {"path": "string", "content": "string"}, ["path", "content"]),
+               _tool("list_dir", {"path": "string"}, ["path"]),
+               _tool("run_command", {"command": "string"}, ["command"])]
+    return [Harness("claude", claude_sys, _captured_tools("claude-1"), "Read", "Write", "Bash", "Edit"),
+            Harness("codex", codex_sys, _captured_tools("codex-1"), "", "", "exec_command"),
+            Harness("generic", "You are a helpful coding assistant with tools.", generic, "read_file",
+                    "write_file", "run_command")]
+
+
+class Files:
+    """File names and contents: notes of random words, and standard-library sources."""
+
+    def __init__(self, rng: random.Random, stdlib: list[Path]):
+        self.rng, self.stdlib = rng, stdlib
+
+    def note(self) -> tuple[str, str]:
+        name = self.rng.choice(["notes", "todo", "readme", "draft", "log", "plan", "ideas"])
+        ext = self.rng.choice([".txt", ".md", ".txt"])
+        words = [self.rng.choice(WORDS) for _ in range(self.rng.randint(3, 14))]
+        lines = [" ".join(words[i:i + 5]) for i in range(0, len(words), 5)]
+        return name + ext, "\n".join(lines)
+
+    def source(self) -> tuple[str, str]:
+        path = self.rng.choice(self.stdlib)
+        lines = path.read_text(errors="replace").splitlines()
+        start = self.rng.randrange(max(1, len(lines) - 12)) if self.rng.random() < 0.5 else 0
+        body = "\n".join(lines[start:start + self.rng.randint(3, 10)]).strip() or "pass"
+        where = self.rng.choice(DIRS + ("",))
+        return (f"{where}/{path.name}" if where else path.name), body
+
+    def any(self) -> tuple[str, str]:
+        return self.note() if self.rng.random() < 0.5 else self.source()
+
+
+def _call(name: str, args: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
+def numbered(text: str) -> str:
+    """A file as Claude Code's Read returns it: line numbers, then the line."""
+    return "\n".join(f"{i:>6}\t{line}" for i, line in enumerate(text.splitlines(), 1))
+
+
+def first_word(text: str) -> str:
+    return (text.split() or ["(empty)"])[0]
+
+
+def random_cwd(rng: random.Random) -> str:
+    tag = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(rng.randint(4, 10)))
+    return rng.choice([f"/tmp/{tag}", f"/tmp/tmp{tag}", f"/home/{rng.choice(WORDS)}/{tag}", rng.choice(CWDS),
+                       f"/work/{tag}", f"/tmp/pytest-of-root/pytest-{rng.randint(0, 99)}/{tag}0"])
+
+
+def read_call(h: Harness, cwd: str, name: str) -> dict:
+    if h.name == "claude":
+        return _call("Read", {"file_path": f"{cwd}/{name}"})
+    if h.name == "codex":
+        return _call("exec_command", {"cmd": f"cat {name}"})
+    return _call("read_file", {"path": name})
+
+
+def shell_call(h: Harness, command: str) -> dict:
+    if h.name == "claude":
+        return _call("Bash", {"command": command, "description": command.split()[0]})
+    if h.name == "codex":
+        return _call("exec_command", {"cmd": command})
+    return _call("run_command", {"command": command})
+
+
+def read_result(h: Harness, content: str) -> str:
+    return numbered(content) if h.name == "claude" else content
+
+
+READ_ASKS = [("Read the file {f} and tell me the first word", lambda f, c: f"The first word is {first_word(c)}."),
+             ("Read {f} and tell me the first word.", lambda f, c: f"The first word of {f} is {first_word(c)}."),
+             ("What is the first word in {f}?", lambda f, c: f"The first word is {first_word(c)}."),
+             ("What does {f} say?", lambda f, c: f"{f} says:\n{c.splitlines()[0]}"),
+             ("Show me {f}", lambda f, c: f"Here is the start of {f}:\n{c.splitlines()[0]}"),
+             ("What is the first line of {f}?", lambda f, c: f"The first line of {f} is: {c.splitlines()[0]}"),
+             ("Open {f} and summarize it in one line.", lambda f, c: f"{f} begins with {first_word(c)}; "
+                                                                       f"it has {len(c.splitlines())} lines.")]
+
+
+def task_read(h, files, rng, cwd):
+    name, content = files.any()
+    ask, answer = rng.choice(READ_ASKS)
+    call = read_call(h, cwd, name)
+    return [ask.format(f=name)], [call], [read_result(h, content)], answer(name, content)
+
+
+def task_list(h, files, rng, cwd):
+    names = sorted({files.any()[0].split("/")[-1] for _ in range(rng.randint(1, 6))})
+    ask = rng.choice(["List the files in this directory", "list the files in this directory",
+                      "What files are here?", "Which files are in the current directory?"])
+    call = _call("list_dir", {"path": "."}) if h.name == "generic" else shell_call(h, "ls")
+    listing = "\n".join(names)
+    answer = f"There {'is' if len(names) == 1 else 'are'} {len(names)} file{'s' * (len(names) != 1)}: {', '.join(names)}."
+    return [ask], [call], [listing], answer
+
+
+def task_count(h, files, rng, cwd):
+    name, content = files.any()
+    n = len(content.splitlines())
+    ask = rng.choice(["How many lines does {f} have?", "Count the lines in {f}", "How long is {f}?"]).format(f=name)
+    return [ask], [shell_call(h, f"wc -l {name}")], [f"{n} {name}"], f"{name} has {n} lines."
+
+
+def task_write(h, files, rng, cwd):
+    name, _ = files.note()
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5)))
+    ask = rng.choice(["Create {f} containing {w}", "Write {w} to a new file {f}", "Make a file {f} that says {w}"])
+    if h.name == "claude":
+        call, result = _call("Write", {"file_path": f"{cwd}/{name}", "content": words}), \
+            f"File created successfully at: {cwd}/{name}"
+    elif h.name == "codex":
+        call, result = _call("exec_command", {"cmd": f"printf '%s\\n' '{words}' > {name}"}), ""
+    else:
+        call, result = _call("write_file", {"path": name, "content": words}), "ok"
+    return [ask.format(f=name, w=words)], [call], [result], f"Created {name} with the text: {words}"
+
+
+def task_tests(h, files, rng, cwd):
+    n = rng.randint(1, 40)
+    ask = rng.choice(["Run the tests", "run the test suite", "Do the tests pass?"])
+    result = f"{n} passed in {rng.randint(1, 90) / 10:.1f}s"
+    return [ask], [shell_call(h, "python -m pytest -q")], [result], f"All {n} tests passed."
+
+
+def task_two(h, files, rng, cwd):
+    (a, ca), (b, cb) = files.any(), files.any()
+    ask = rng.choice(["Read {a} and {b} and tell me their first words", "What are the first words of {a} and {b}?"])
+    calls = [read_call(h, cwd, a), read_call(h, cwd, b)]
+    answer = f"{a} starts with {first_word(ca)} and {b} starts with {first_word(cb)}."
+    return [ask.format(a=a, b=b)], calls, [read_result(h, ca), read_result(h, cb)], answer
+
+
+TASKS = [(task_read, 5), (task_list, 2), (task_count, 1), (task_write, 1), (task_tests, 1), (task_two, 1)]
+CHAT = [("say hi", "Hi! How can I help you today?"), ("hello", "Hello! What would you like to work on?"),
+        ("Who are you?", "I am a small coding assistant. I can read files and run commands with my tools."),
+        ("thanks", "You're welcome!")]
+
+
+def conversation(rng: random.Random, files: Files, hs: list[Harness]) -> dict:
+    """{"messages", "tools"} of one conversation: 1-3 requests, most needing a tool."""
+    h, cwd = rng.choice(hs), random_cwd(rng)
+    msgs = [{"role": "system", "content": h.system.format(cwd=cwd)}]
+    if h.name == "codex":
+        msgs.append({"role": "user", "content": f"<environment_context>\n  <cwd>{cwd}</cwd>\n  <shell>bash</shell>\n"
+                                                 f"</environment_context>"})
+    for turn in range(rng.choice([1, 1, 1, 2, 3])):
+        if rng.random() < 0.12:
+            ask, answer = rng.choice(CHAT)
+            msgs += [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}]
+            continue
+        task = rng.choices([t for t, _ in TASKS], [w for _, w in TASKS])[0]
+        asks, calls, results, answer = task(h, files, rng, cwd)
+        reply = {"role": "assistant", "content": "", "tool_calls": calls}
+        if rng.random() < 0.3:
+            names = " and ".join(c["function"]["name"] for c in calls)
+            reply["reasoning_content"] = f"The user asked: {asks[0]}. I will call {names}."
+        msgs += [{"role": "user", "content": asks[0]}, reply]
+        msgs += [{"role": "tool", "content": r} for r in results]
+        msgs.append({"role": "assistant", "content": answer})
+    return {"messages": msgs, "tools": h.tools}
+
+
+def stdlib_files() -> list[Path]:
+    import sysconfig
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in lib.glob("*.py") if p.stat().st_size < 200_000) + sorted(lib.glob("json/*.py"))
