@@ -20,7 +20,6 @@ this is that split (on Python 3.11; another version's stdlib gives a near but di
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import sysconfig
 import time
@@ -29,12 +28,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from freetoken.engine.llm import LLM                             # noqa: E402
 from freetoken.engine.request import SamplingParams              # noqa: E402
 from freetoken.moe.trace import RoutingRecorder                  # noqa: E402
+from agent_corpus import held_out_stdlib                        # noqa: E402
 
-EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages"}
 FOLLOW_UPS = ("Write Python code.", "Write more Python code.", "Now write a class.",
               "Write another function.", "Write a test for it.")
 SYSTEM = "You are a helpful assistant."
@@ -68,14 +68,6 @@ def engine(**options) -> tuple[LLM, TraceTap]:
     tap = TraceTap(llm.core.moe, llm.core.model_config, llm.core.model_name)
     llm.core.model.moe = tap
     return llm, tap
-
-
-def held_out_files(stdlib: Path, count: int = 15) -> list[Path]:
-    """The demo model's held-out split: the `count` lowest SHA-256 of the relative paths."""
-    files = [p for p in stdlib.rglob("*.py")
-             if not EXCLUDED_DIRS & set(p.relative_to(stdlib).parts[:-1])]
-    rank = sorted(files, key=lambda p: hashlib.sha256(str(p.relative_to(stdlib)).encode()).hexdigest())
-    return rank[:count]
 
 
 def snippets(tokenizer, files, count: int, length: int, rng) -> list[list[int]]:
@@ -194,7 +186,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0, out = time.perf_counter(), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    files = held_out_files(Path(args.stdlib))
+    files = held_out_stdlib(Path(args.stdlib))
     llm = LLM(moe_backend="cpu")
     snips = snippets(llm.tokenizer, files, args.snippets, args.snippet_tokens,
                      np.random.default_rng(args.seed))

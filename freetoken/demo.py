@@ -1,21 +1,33 @@
-"""The built-in demo model: a small trained Qwen3-MoE shipped inside the package."""
+"""The built-in models shipped inside the package: `tiny-agent-moe` (a small trained Qwen3-MoE
+that calls tools; the default, also `--model demo`), and the tokenizer synthetic and random test
+models use (`synth-tokenizer`: the same vocabulary with the plain Qwen3-style template)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-DEMO_NAME = "tiny-coder-moe"
+DEMO_NAME = "tiny-agent-moe"
+BUILTIN = {"demo": DEMO_NAME}       # short --model names of the packaged models
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def packaged_demo_dir() -> Path:
     """Directory of the packaged demo model (config.json, model.safetensors, tokenizer files)."""
-    return Path(__file__).resolve().parent / "data" / DEMO_NAME
+    return DATA / DEMO_NAME
+
+
+def synth_tokenizer_dir() -> Path:
+    """Tokenizer files (no weights) of synth:NAME and random test models: the demo vocabulary with
+    the Qwen3-style template that renders every message and tool schema whole."""
+    return DATA / "synth-tokenizer"
 
 
 def resolve_model_dir(model: str | None, log) -> Path:
-    """The model directory to load: the given one, or the packaged demo model (logged)."""
-    if model is None:
-        path = packaged_demo_dir()
-        log.info("no --model given: using the built-in demo model %s (%s)", DEMO_NAME, path)
+    """The model directory to load: the given one, a built-in model by its short name, or the
+    packaged demo model (logged)."""
+    if model is None or model in BUILTIN:
+        path = DATA / BUILTIN.get(model, DEMO_NAME)
+        log.info("%s: using the built-in demo model %s (%s)", "no --model given" if model is None else f"--model {model}",
+                 path.name, path)
         return path
     path = Path(model).expanduser()
     if not path.is_dir():
@@ -76,7 +88,7 @@ def write_random_model(out_dir, seed: int = 0, **shape) -> Path:
     save_safetensors(out / "model.safetensors", random_tensors(cfg, seed), "BF16")
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copyfile(packaged_demo_dir() / name, out / name)   # not the (read-only) mode
+        shutil.copyfile(synth_tokenizer_dir() / name, out / name)   # not the (read-only) mode
     return out
 
 

@@ -63,7 +63,10 @@ def tool_call_grammar(tools: list[dict], parallel: bool = True) -> str:
                                                  "arguments": t["function"].get("parameters") or {"type": "object"}},
                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema = {"anyOf": options} if len(options) > 1 else options[0]
-    schema["x-guidance"] = dict(COMPACT)
+    # lenient: keywords llguidance does not implement (Claude Code's TaskCreate uses
+    # propertyNames) are ignored instead of failing the whole grammar; the harness validates the
+    # arguments it receives, and every other keyword is still enforced
+    schema["x-guidance"] = {**COMPACT, "lenient": True}
     calls = 'call ("\\n" call)*' if parallel else "call"
     return (f"start: {calls}\n"
             'call: <tool_call> "\\n" args "\\n" </tool_call>\n'

@@ -58,12 +58,13 @@ def claude(t: Target, home: Path) -> Plan:
 
 
 def codex(t: Target, home: Path) -> Plan:
-    """Codex reads `-c key=value` overrides (TOML values) on top of its own config.toml."""
+    """Codex reads `-c key=value` overrides (TOML values) on top of its own config.toml. It has no
+    output-limit setting (0.171 ignores model_max_output_tokens): the server's budget applies."""
     provider = (f'{{name="FreeToken", base_url="{t.base_url}/v1", env_key="FREETOKEN_API_KEY", '
                 f'wire_api="responses"}}')
     overrides = {"model_provider": '"freetoken"', "model_providers.freetoken": provider,
                  "model": json.dumps(t.model), "model_context_window": str(t.context),
-                 "model_max_output_tokens": str(t.output_tokens), "check_for_update_on_startup": "false",
+                 "check_for_update_on_startup": "false",
                  "analytics.enabled": "false", "feedback.enabled": "false", "otel.exporter": '"none"'}
     return Plan(env={"FREETOKEN_API_KEY": t.api_key},
                 args=[a for k, v in overrides.items() for a in ("-c", f"{k}={v}")])

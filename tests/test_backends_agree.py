@@ -1,6 +1,6 @@
 """Every compute backend and every MoE backend gives the demo model the same greedy text.
 
-The demo model (freetoken/data/tiny-coder-moe) routes like a real model (input-dependent,
+The demo model (freetoken/data/tiny-agent-moe) routes like a real model (input-dependent,
 temporally local), so the offload and hybrid runs below really hit, miss, fill and run experts
 on the CPU; the counters are checked so that each run exercised the path it names.
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = "freetoken/data/tiny-coder-moe"
+DEMO = "freetoken/data/tiny-agent-moe"
 
 
 def _isolation_flags():

@@ -63,16 +63,31 @@ def harnesses() -> list[Harness]:
                     "write_file", "run_command")]
 
 
+def vocabulary(stdlib: list[Path]) -> list[str]:
+    """Thousands of lower-case words (identifier parts of the sources, 3-12 letters): what notes,
+    file names and directories are made of, so that the model learns to copy any word rather than
+    to recall a short list."""
+    import re
+    words = set(WORDS)
+    for path in stdlib:
+        words.update(w for w in re.findall(r"[a-z]{3,12}", path.read_text(errors="replace")))
+    return sorted(words)
+
+
 class Files:
     """File names and contents: notes of random words, and standard-library sources."""
 
     def __init__(self, rng: random.Random, stdlib: list[Path]):
         self.rng, self.stdlib = rng, stdlib
+        self.words = vocabulary(stdlib)
+
+    def word(self) -> str:
+        return self.rng.choice(self.words) if self.rng.random() < 0.8 else self.rng.choice(WORDS)
 
     def note(self) -> tuple[str, str]:
-        name = self.rng.choice(["notes", "todo", "readme", "draft", "log", "plan", "ideas"])
-        ext = self.rng.choice([".txt", ".md", ".txt"])
-        words = [self.rng.choice(WORDS) for _ in range(self.rng.randint(3, 14))]
+        name = self.rng.choice(["notes", "todo", "readme", "draft", "log", "plan", "ideas", self.word(), self.word()])
+        ext = self.rng.choice([".txt", ".md", ".txt", ".rst", ""])
+        words = [self.word() for _ in range(self.rng.randint(3, 14))]
         lines = [" ".join(words[i:i + 5]) for i in range(0, len(words), 5)]
         return name + ext, "\n".join(lines)
 
@@ -92,19 +107,25 @@ def _call(name: str, args: dict) -> dict:
     return {"type": "function", "function": {"name": name, "arguments": args}}
 
 
-def numbered(text: str) -> str:
-    """A file as Claude Code's Read returns it: line numbers, then the line."""
-    return "\n".join(f"{i:>6}\t{line}" for i, line in enumerate(text.splitlines(), 1))
+def numbered(text: str, arrow: bool = False) -> str:
+    """A file as Claude Code's Read returns it, padded line numbers, a tab or an arrow, the line.
+    (Claude Code 2.1.197 actually sends "N<tab>line" unpadded, with a numbered empty last line:
+    the shipped model was trained on this form, and answers such results less well.)"""
+    sep = "\u2192" if arrow else "\t"
+    return "\n".join(f"{i:>6}{sep}{line}" for i, line in enumerate(text.splitlines(), 1))
 
 
 def first_word(text: str) -> str:
     return (text.split() or ["(empty)"])[0]
 
 
-def random_cwd(rng: random.Random) -> str:
-    tag = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(rng.randint(4, 10)))
-    return rng.choice([f"/tmp/{tag}", f"/tmp/tmp{tag}", f"/home/{rng.choice(WORDS)}/{tag}", rng.choice(CWDS),
-                       f"/work/{tag}", f"/tmp/pytest-of-root/pytest-{rng.randint(0, 99)}/{tag}0"])
+def random_cwd(rng: random.Random, files: "Files") -> str:
+    tag = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789_") for _ in range(rng.randint(4, 12)))
+    deep = "/".join(files.word() for _ in range(rng.randint(1, 4)))
+    return rng.choice([f"/tmp/{tag}", f"/tmp/tmp{tag}", f"/home/{files.word()}/{deep}", rng.choice(CWDS),
+                       f"/work/{tag}/{deep}", f"/tmp/pytest-of-root/pytest-{rng.randint(0, 99)}/{tag}0/{files.word()}",
+                       f"/tmp/pytest-of-{files.word()}/pytest-{rng.randint(0, 999)}/test_{files.word()}_{files.word()}0/work",
+                       f"/{deep}"])
 
 
 def read_call(h: Harness, cwd: str, name: str) -> dict:
@@ -123,8 +144,8 @@ def shell_call(h: Harness, command: str) -> dict:
     return _call("run_command", {"command": command})
 
 
-def read_result(h: Harness, content: str) -> str:
-    return numbered(content) if h.name == "claude" else content
+def read_result(h: Harness, content: str, rng: random.Random | None = None) -> str:
+    return numbered(content, arrow=rng is not None and rng.random() < 0.5) if h.name == "claude" else content
 
 
 READ_ASKS = [("Read the file {f} and tell me the first word", lambda f, c: f"The first word is {first_word(c)}."),
@@ -141,7 +162,7 @@ def task_read(h, files, rng, cwd):
     name, content = files.any()
     ask, answer = rng.choice(READ_ASKS)
     call = read_call(h, cwd, name)
-    return [ask.format(f=name)], [call], [read_result(h, content)], answer(name, content)
+    return [ask.format(f=name)], [call], [read_result(h, content, rng)], answer(name, content)
 
 
 def task_list(h, files, rng, cwd):
@@ -163,7 +184,7 @@ def task_count(h, files, rng, cwd):
 
 def task_write(h, files, rng, cwd):
     name, _ = files.note()
-    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5)))
+    words = " ".join(files.word() for _ in range(rng.randint(1, 5)))
     ask = rng.choice(["Create {f} containing {w}", "Write {w} to a new file {f}", "Make a file {f} that says {w}"])
     if h.name == "claude":
         call, result = _call("Write", {"file_path": f"{cwd}/{name}", "content": words}), \
@@ -187,7 +208,7 @@ def task_two(h, files, rng, cwd):
     ask = rng.choice(["Read {a} and {b} and tell me their first words", "What are the first words of {a} and {b}?"])
     calls = [read_call(h, cwd, a), read_call(h, cwd, b)]
     answer = f"{a} starts with {first_word(ca)} and {b} starts with {first_word(cb)}."
-    return [ask.format(a=a, b=b)], calls, [read_result(h, ca), read_result(h, cb)], answer
+    return [ask.format(a=a, b=b)], calls, [read_result(h, ca, rng), read_result(h, cb, rng)], answer
 
 
 TASKS = [(task_read, 5), (task_list, 2), (task_count, 1), (task_write, 1), (task_tests, 1), (task_two, 1)]
@@ -198,7 +219,7 @@ CHAT = [("say hi", "Hi! How can I help you today?"), ("hello", "Hello! What woul
 
 def conversation(rng: random.Random, files: Files, hs: list[Harness]) -> dict:
     """{"messages", "tools"} of one conversation: 1-3 requests, most needing a tool."""
-    h, cwd = rng.choice(hs), random_cwd(rng)
+    h, cwd = rng.choice(hs), random_cwd(rng, files)
     msgs = [{"role": "system", "content": h.system.format(cwd=cwd)}]
     if h.name == "codex":
         msgs.append({"role": "user", "content": f"<environment_context>\n  <cwd>{cwd}</cwd>\n  <shell>bash</shell>\n"
@@ -220,7 +241,26 @@ def conversation(rng: random.Random, files: Files, hs: list[Harness]) -> dict:
     return {"messages": msgs, "tools": h.tools}
 
 
-def stdlib_files() -> list[Path]:
+EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages"}
+
+
+def stdlib_dir() -> Path:
     import sysconfig
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in lib.glob("*.py") if p.stat().st_size < 200_000) + sorted(lib.glob("json/*.py"))
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def held_out_stdlib(stdlib: Path, count: int = 15) -> list[Path]:
+    """The built-in models' held-out code: the `count` standard-library files (outside test
+    directories) with the lowest SHA-256 of their relative path; never trained on, and the code
+    bench/record_traces.py records routing on."""
+    import hashlib
+    files = [p for p in stdlib.rglob("*.py") if not EXCLUDED_DIRS & set(p.relative_to(stdlib).parts[:-1])]
+    return sorted(files, key=lambda p: hashlib.sha256(str(p.relative_to(stdlib)).encode()).hexdigest())[:count]
+
+
+def stdlib_files() -> list[Path]:
+    """Training sources: the top-level modules and json/, less the held-out files."""
+    lib = stdlib_dir()
+    held = set(held_out_stdlib(lib))
+    files = sorted(p for p in lib.glob("*.py") if p.stat().st_size < 200_000) + sorted(lib.glob("json/*.py"))
+    return [p for p in files if p not in held]

@@ -36,14 +36,14 @@ def model_path(model: str | None, log) -> Path:
 
 
 def load_model(model: str | None, log) -> LoadedModel:
-    from freetoken.demo import packaged_demo_dir, resolve_model_dir
+    from freetoken.demo import resolve_model_dir, synth_tokenizer_dir
     from freetoken.tokenizer import Tokenizer
     from freetoken.weights import load_weights
     t0 = time.perf_counter()
     if model and model.startswith(SYNTH_PREFIX):
         from freetoken.models.synth import synth_model
         cfg, weights = synth_model(model[len(SYNTH_PREFIX):], log)
-        tokenizer = Tokenizer.from_dir(packaged_demo_dir())
+        tokenizer = Tokenizer.from_dir(synth_tokenizer_dir())
         loaded = LoadedModel(model, None, cfg, weights, tokenizer)
     else:
         path = resolve_model_dir(model, log)

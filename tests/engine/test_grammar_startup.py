@@ -69,3 +69,21 @@ def test_a_tokenizer_llguidance_cannot_read_is_off_once(demo_tokenizer):
     for _ in range(2):                                               # remembered, not rebuilt
         with pytest.raises(grammar.GrammarUnavailable, match="cannot read this tokenizer"):
             g.matcher(grammar.json_grammar())
+
+
+@pytest.mark.skipif(not grammar.available(), reason="llguidance is not installed")
+def test_the_tool_call_grammar_of_real_harness_tools_compiles(demo_tokenizer):
+    """Claude Code's and Codex CLI's own tool lists (captured traffic) compile as a tool-call
+    grammar (tool_choice "required" / "any"): keywords llguidance lacks (propertyNames) are
+    ignored, not fatal."""
+    import json
+    from pathlib import Path
+    grammars = grammar.Grammars(demo_tokenizer.to_json(), 4096, demo_tokenizer.stop_token_ids)
+    grammars.build_in_background(Lines())
+    grammars.join()
+    for capture in ("claude-1", "codex-1"):
+        path = Path(__file__).resolve().parents[1] / "server" / "fixtures" / "harnesses" / f"{capture}.json"
+        tools = [{"type": "function", "function": {"name": t["name"], "parameters": t.get("input_schema") or
+                                                   t.get("parameters")}}
+                 for t in json.loads(path.read_text())["body"]["tools"] if t.get("name")]
+        grammars.matcher(grammar.tool_call_grammar(tools))        # raises GrammarError if not

@@ -1,7 +1,7 @@
 """The bad-input battery: malformed requests, each with the 4xx status it must get."""
 from __future__ import annotations
 
-M = "tiny-coder-moe"
+M = "tiny-agent-moe"
 USER = [{"role": "user", "content": "hi"}]
 
 

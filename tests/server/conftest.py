@@ -10,8 +10,12 @@ from freetoken.demo import packaged_demo_dir
 
 @pytest.fixture(scope="session")
 def demo_tokenizer():
+    """The demo vocabulary with the Qwen3-style template that renders every message and tool
+    schema whole (the synth tokenizer): what the rendering tests of the fake cores check. The
+    demo model's own compact agent template: tests/server/test_agent_template.py."""
+    from freetoken.demo import synth_tokenizer_dir
     from freetoken.tokenizer import Tokenizer
-    return Tokenizer.from_dir(packaged_demo_dir())
+    return Tokenizer.from_dir(synth_tokenizer_dir())
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from freetoken.demo import packaged_demo_dir
 from freetoken.engine.async_engine import AsyncEngine
 from freetoken.server.config import ServerConfig
 
-MODEL = "tiny-coder-moe"
+MODEL = "tiny-agent-moe"
 
 
 class ServerThread:

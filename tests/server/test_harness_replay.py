@@ -44,7 +44,7 @@ def server(request, demo_tokenizer):
 
 
 def _request(fixture: dict) -> tuple[dict, dict]:
-    body = dict(fixture["body"])
+    body = dict(fixture["body"], model=MODEL)     # captured against the demo model of the day
     for field in BUDGET_FIELDS:
         if isinstance(body.get(field), int):
             body[field] = min(body[field], BUDGET)

@@ -52,21 +52,26 @@ def _cache_dir(tmp_path_factory) -> Path:
         return tmp_path_factory.mktemp("harness")
 
 
-@pytest.fixture(scope="module")
-def claude(tmp_path_factory) -> Path:
+def npm_harness(tmp_path_factory, package: str, program: str) -> Path:
+    """The harness `program` from npm `package`, installed once into the harness cache."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
     prefix = _cache_dir(tmp_path_factory)
-    binary = prefix / "node_modules" / ".bin" / "claude"
+    binary = prefix / "node_modules" / ".bin" / program
     if binary.exists():
         return binary
     if subprocess.run([npm, "ping"], capture_output=True, timeout=60).returncode != 0:
         pytest.skip("the npm registry cannot be reached")
-    install = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGE],
+    install = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", package],
                              capture_output=True, text=True, timeout=900)
     assert install.returncode == 0 and binary.exists(), install.stderr[-3000:]
     return binary
+
+
+@pytest.fixture(scope="module")
+def claude(tmp_path_factory) -> Path:
+    return npm_harness(tmp_path_factory, PACKAGE, "claude")
 
 
 def harness_env(url: str, home: Path) -> dict:

@@ -105,18 +105,22 @@ def test_logit_bias_and_penalties(oa, demo_tokenizer):
 
 
 def test_responses_logprobs_stream_and_not(oa):
+    # reasoning off: the demo model opens its replies with a (empty) think block otherwise, whose
+    # tokens the output_text logprobs would then start with (docs/api.md: a known gap)
     r = oa.responses.create(model=MODEL, input="Write a function.", max_output_tokens=8, temperature=0,
-                            top_logprobs=2, include=["message.output_text.logprobs"])
+                            top_logprobs=2, include=["message.output_text.logprobs"], reasoning={"effort": "none"})
     part = next(i for i in r.output if i.type == "message").content[0]
     assert part.logprobs and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in part.logprobs)
     assert "".join(e.token for e in part.logprobs).startswith(part.text)
     events = list(oa.responses.create(model=MODEL, input="Write a function.", max_output_tokens=8, temperature=0,
-                                      top_logprobs=2, include=["message.output_text.logprobs"], stream=True))
+                                      top_logprobs=2, include=["message.output_text.logprobs"], stream=True,
+                                      reasoning={"effort": "none"}))
     deltas = [e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
-    assert [e.logprob for e in deltas] == [e.logprob for e in part.logprobs][:len(deltas)]
+    same = lambda a, b: len(a) == len(b) and all(abs(x - y) < 1e-5 for x, y in zip(a, b))   # prefix-cache hit
+    assert same([e.logprob for e in deltas], [e.logprob for e in part.logprobs][:len(deltas)])
     done = next(ev for ev in events if ev.type == "response.output_text.done")
-    assert [e.logprob for e in done.logprobs] == [e.logprob for e in part.logprobs]
-    plain = oa.responses.create(model=MODEL, input="Write a function.", max_output_tokens=4)
+    assert same([e.logprob for e in done.logprobs], [e.logprob for e in part.logprobs])
+    plain = oa.responses.create(model=MODEL, input="Write a function.", max_output_tokens=4, reasoning={"effort": "none"})
     assert next(i for i in plain.output if i.type == "message").content[0].logprobs == []
 
 

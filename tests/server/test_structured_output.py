@@ -117,10 +117,11 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
 def test_tool_choice_required_and_named_are_enforced(oa, choice):
-    control = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
-    assert not control.choices[0].message.tool_calls                 # the demo model does not call unforced
+    control = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=60,
+                                         temperature=0)
+    assert not control.choices[0].message.tool_calls                 # "none" holds (the demo model calls tools)
     for seed in (1, 2):
-        r = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=120,
+        r = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=400,
                                        temperature=1.0, seed=seed, parallel_tool_calls=False)
         calls = r.choices[0].message.tool_calls
         assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r.choices[0]

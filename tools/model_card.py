@@ -1,0 +1,82 @@
+"""README.md of a built-in model from what tools/train_demo.py logged (train_log.json) and what
+tools/eval_demo.py measured (eval.json): architecture, training, held-out numbers, samples."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _calls_table(ev: dict) -> list[str]:
+    rows = ["| decoding | harness | n | well-formed call | of a listed tool | schema-valid arguments | the expected call |",
+            "|---|---|---|---|---|---|---|"]
+    for label, key in (("greedy", "tool_calls"), ("greedy, tool-call grammar", "tool_calls_constrained")):
+        t = ev[key]
+        for name, r in [("all", t), *sorted(t["by_harness"].items())]:
+            rows.append(f"| {label} | {name} | {r['n']} | {_pct(r['well_formed'])} | {_pct(r['listed'])} | "
+                        f"{_pct(r['schema_valid'])} | {_pct(r['exact'])} |")
+    return rows
+
+
+def _stage1(model_dir: Path) -> list[str]:
+    """The first stage, when the model was trained in two (train_log_stage1.json)."""
+    path = model_dir / "train_log_stage1.json"
+    if not path.is_file():
+        return []
+    log = json.loads(path.read_text())
+    a, losses = log["args"], [r["loss"] for r in log["log"]]
+    return [f"That run continued a first stage, `tools/train_demo.py --steps {a['steps']} --lr {a['lr']} --seed "
+            f"{a['seed']}` from `--init {Path(a['init']).name}` ({log['steps']} steps, {log['tokens']:,} tokens, "
+            f"{log['minutes']} minutes; loss {losses[0]} to {losses[-1]}), whose corpus drew words and directories "
+            "from a list of 40 words; the second stage's corpus (the current tools/agent_corpus.py) draws them "
+            "from 12,568 words of the standard library, so that the model copies words rather than recalls them.", ""]
+
+
+def write_card(model_dir: Path, ev: dict) -> None:
+    log = json.loads((model_dir / "train_log.json").read_text())
+    cfg = json.loads((model_dir / "config.json").read_text())
+    a = log["args"]
+    losses = [r["loss"] for r in log["log"]]
+    lines = [f"# {model_dir.name}", "",
+             "A tiny Qwen3-MoE causal language model that acts like an agent's model: given a harness's tools",
+             "and a request that needs one, it emits a `<tool_call>` of a listed tool with arguments taken from the",
+             "request, reads the `<tool_response>`, and answers with what it found. Trained by `tools/train_demo.py`",
+             "(FreeToken's repository) on synthetic agent conversations in the style of Claude Code, Codex CLI and a",
+             "generic tool set, plus Python standard-library code. Far too small to be useful as an assistant; it",
+             "exists so that a harness can be shown doing real round trips against FreeToken with no network and no GPU.",
+             "", "## Architecture", "",
+             f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} query / "
+             f"{cfg['num_key_value_heads']} KV heads of {cfg['head_dim']}, {cfg['num_experts']} routed experts top-"
+             f"{cfg['num_experts_per_tok']} (width {cfg['moe_intermediate_size']}) in every layer, vocabulary "
+             f"{cfg['vocab_size']}, {cfg['max_position_embeddings']} positions, bf16. The tokenizer is "
+             "tiny-coder-moe's (byte-level BPE, ChatML and Qwen3's tool and think tokens).", "",
+             "## Chat template", "",
+             "Qwen3-style ChatML, compact so that a 2048-position model can serve harnesses whose own prompts run to",
+             "tens of thousands of tokens: a system message renders as its first paragraph (at most 320 characters)",
+             "plus any line naming the working directory; each tool as one line `- Name(param, optional?, ...)`;",
+             "`<system-reminder>` spans inside user text are dropped; Codex's `<environment_context>` message renders",
+             "as its `cwd`. Calls, results and thinking are rendered as Qwen3 does (`tools/agent_template.jinja`).",
+             "", "## Training", "",
+             f"`tools/train_demo.py --steps {a['steps']} --seq {a['seq']} --batch {a['batch']} --lr {a['lr']} "
+             f"--seed {a['seed']} --code-share {a['code_share']}`, from `--init {Path(a['init']).name}`: "
+             f"{log['steps']} steps, {log['tokens']:,} tokens, {log['minutes']} minutes on 2 CPU cores (torch "
+             f"{a.get('torch', '2.13.0')}, CPU). Loss on the assistant's tokens (all tokens of code documents): "
+             f"{losses[0]} at step 1, {losses[len(losses) // 2]} half way, {losses[-1]} at the end.", "",
+             *_stage1(model_dir),
+             "## Held-out numbers (tools/eval_demo.py, through FreeToken's CPU path)", "",
+             f"Mean negative log-likelihood: {ev['heldout_loss_agent']} nats per assistant token of held-out "
+             f"conversations (a seed training never drew), {ev['heldout_loss_code']} per token of held-out code (15 "
+             "standard-library files no model trained on).", "",
+             "Given the tools and a request that needs one, the first output:", "", *_calls_table(ev), "",
+             f"After the expected call and its result, the reply equals the expected answer in "
+             f"{_pct(ev['answers']['exact'])} of {ev['answers']['n']} cases.", "",
+             "The held-out conversations come from the same generator as the training ones (other file names,",
+             "contents, working directories and orderings; the same kinds of request), so these numbers say the",
+             "model learned the formats and the copying, not that it generalizes beyond them.", "",
+             "## Samples", ""]
+    for smp in ev["answers"]["samples"]:
+        lines += [f"- {smp['harness']}: *{smp['request']}* → after the call and its result: `{smp['reply'].strip()[:160]}`"]
+    (model_dir / "README.md").write_text("\n".join(lines) + "\n")
