@@ -49,16 +49,17 @@ def write_card(model_dir: Path, ev: dict) -> None:
              "exists so that a harness can be shown doing real round trips against FreeToken with no network and no GPU.",
              "", "## Architecture", "",
              f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} query / "
-             f"{cfg['num_key_value_heads']} KV heads of {cfg['head_dim']}, {cfg['num_experts']} routed experts top-"
+             f"{cfg['num_key_value_heads']} KV heads of {cfg['head_dim']}, {cfg.get('num_experts') or cfg['num_local_experts']} routed experts top-"
              f"{cfg['num_experts_per_tok']} (width {cfg['moe_intermediate_size']}) in every layer, vocabulary "
              f"{cfg['vocab_size']}, {cfg['max_position_embeddings']} positions, bf16. The tokenizer is "
              "tiny-coder-moe's (byte-level BPE, ChatML and Qwen3's tool and think tokens).", "",
              "## Chat template", "",
              "Qwen3-style ChatML, compact so that a 2048-position model can serve harnesses whose own prompts run to",
-             "tens of thousands of tokens: a system message renders as its first paragraph (at most 320 characters)",
-             "plus any line naming the working directory; each tool as one line `- Name(param, optional?, ...)`;",
-             "`<system-reminder>` spans inside user text are dropped; Codex's `<environment_context>` message renders",
-             "as its `cwd`. Calls, results and thinking are rendered as Qwen3 does (`tools/agent_template.jinja`).",
+             "tens of thousands of tokens: the leading system message renders as its first paragraph (at most 320",
+             "characters, header lines starting `x-` skipped) plus any line naming the working directory, later",
+             "system messages not at all; each tool as one line `- Name(param, optional?, ...)`; `<system-reminder>`",
+             "spans inside user text are dropped; Codex's `<environment_context>` message renders as its `cwd`.",
+             "Claude Code's first request (24 tools, 64 KB of schemas) renders to 575 tokens. Calls, results and thinking are rendered as Qwen3 does (`tools/agent_template.jinja`).",
              "", "## Training", "",
              f"`tools/train_demo.py --steps {a['steps']} --seq {a['seq']} --batch {a['batch']} --lr {a['lr']} "
              f"--seed {a['seed']} --code-share {a['code_share']}`, from `--init {Path(a['init']).name}`: "
@@ -74,8 +75,11 @@ def write_card(model_dir: Path, ev: dict) -> None:
              f"After the expected call and its result, the reply equals the expected answer in "
              f"{_pct(ev['answers']['exact'])} of {ev['answers']['n']} cases.", "",
              "The held-out conversations come from the same generator as the training ones (other file names,",
-             "contents, working directories and orderings; the same kinds of request), so these numbers say the",
-             "model learned the formats and the copying, not that it generalizes beyond them.", "",
+             "contents, working directories and orderings; the same kinds of request). The model learned the",
+             "call formats and which tool a request needs; copying is its weak point: Claude Code's Read wants an",
+             "absolute path made of the working directory, which it copies wrongly in about half the cases, and",
+             "most wrong answers are words copied wrongly from the tool result. Routing locality was not measured",
+             "for this model yet (bench/record_traces.py).", "",
              "## Samples", ""]
     for smp in ev["answers"]["samples"]:
         lines += [f"- {smp['harness']}: *{smp['request']}* → after the call and its result: `{smp['reply'].strip()[:160]}`"]
