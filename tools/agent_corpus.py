@@ -107,12 +107,14 @@ def _call(name: str, args: dict) -> dict:
     return {"type": "function", "function": {"name": name, "arguments": args}}
 
 
-def numbered(text: str, arrow: bool = False) -> str:
-    """A file as Claude Code's Read returns it, padded line numbers, a tab or an arrow, the line.
-    (Claude Code 2.1.197 actually sends "N<tab>line" unpadded, with a numbered empty last line:
-    the shipped model was trained on this form, and answers such results less well.)"""
-    sep = "\u2192" if arrow else "\t"
-    return "\n".join(f"{i:>6}{sep}{line}" for i, line in enumerate(text.splitlines(), 1))
+def numbered(text: str, style: int = 0) -> str:
+    """A file as Claude Code's Read returns it: "N<tab>line" per line and a numbered empty last
+    line (what 2.1.197 sends: style 0), or the older padded forms with a tab (1) or an arrow (2)."""
+    lines = text.splitlines()
+    if style == 0:
+        return "\n".join(f"{i}\t{line}" for i, line in enumerate(lines + [""], 1))
+    sep = "\t" if style == 1 else "\u2192"
+    return "\n".join(f"{i:>6}{sep}{line}" for i, line in enumerate(lines, 1))
 
 
 def first_word(text: str) -> str:
@@ -145,7 +147,8 @@ def shell_call(h: Harness, command: str) -> dict:
 
 
 def read_result(h: Harness, content: str, rng: random.Random | None = None) -> str:
-    return numbered(content, arrow=rng is not None and rng.random() < 0.5) if h.name == "claude" else content
+    style = 0 if rng is None or rng.random() < 0.6 else rng.choice([1, 2])
+    return numbered(content, style) if h.name == "claude" else content
 
 
 READ_ASKS = [("Read the file {f} and tell me the first word", lambda f, c: f"The first word is {first_word(c)}."),
@@ -219,7 +222,7 @@ CHAT = [("say hi", "Hi! How can I help you today?"), ("hello", "Hello! What woul
 
 def conversation(rng: random.Random, files: Files, hs: list[Harness]) -> dict:
     """{"messages", "tools"} of one conversation: 1-3 requests, most needing a tool."""
-    h, cwd = rng.choice(hs), random_cwd(rng, files)
+    h, cwd = rng.choices(hs, [2, 1, 1])[0], random_cwd(rng, files)     # Claude Code's paths are the hardest
     msgs = [{"role": "system", "content": h.system.format(cwd=cwd)}]
     if h.name == "codex":
         msgs.append({"role": "user", "content": f"<environment_context>\n  <cwd>{cwd}</cwd>\n  <shell>bash</shell>\n"

@@ -22,17 +22,22 @@ def _calls_table(ev: dict) -> list[str]:
 
 
 def _stage1(model_dir: Path) -> list[str]:
-    """The first stage, when the model was trained in two (train_log_stage1.json)."""
-    path = model_dir / "train_log_stage1.json"
-    if not path.is_file():
-        return []
-    log = json.loads(path.read_text())
-    a, losses = log["args"], [r["loss"] for r in log["log"]]
-    return [f"That run continued a first stage, `tools/train_demo.py --steps {a['steps']} --lr {a['lr']} --seed "
-            f"{a['seed']}` from `--init {Path(a['init']).name}` ({log['steps']} steps, {log['tokens']:,} tokens, "
-            f"{log['minutes']} minutes; loss {losses[0]} to {losses[-1]}), whose corpus drew words and directories "
-            "from a list of 40 words; the second stage's corpus (the current tools/agent_corpus.py) draws them "
-            "from 12,568 words of the standard library, so that the model copies words rather than recalls them.", ""]
+    """The earlier stages, when the model was trained in several (train_log_stageN.json)."""
+    out = []
+    for n, path in enumerate(sorted(model_dir.glob("train_log_stage*.json")), 1):
+        log = json.loads(path.read_text())
+        a, losses = log["args"], [r["loss"] for r in log["log"]]
+        out.append(f"Stage {n}: `tools/train_demo.py --steps {a['steps']} --lr {a['lr']} --seed {a['seed']}` from "
+                   f"`--init {Path(a['init']).name}` ({log['steps']} steps, {log['tokens']:,} tokens, "
+                   f"{log['minutes']} minutes; loss {losses[0]} to {losses[-1]}).")
+    if out:
+        out = ["The run above is the last of several stages, each with the corpus of its day:", ""] + \
+              [f"- {line}" for line in out] + [
+              "", "Stage 1's corpus drew words and directories from a list of 40 words; stage 2's from 12,568 words "
+              "of the standard library (so that the model copies rather than recalls); the last one's renders "
+              "Claude Code's Read results as it really sends them (`N<tab>line`) and draws Claude Code's tool "
+              "list twice as often as the others (the current tools/agent_corpus.py).", ""]
+    return out
 
 
 def write_card(model_dir: Path, ev: dict) -> None:
