@@ -36,7 +36,7 @@ def test_chat_answers_reports_and_resets():
         child.sendline("Write Python code.")
         child.expect(r"\[(\d+) tokens, \d+ tok/s, finish (stop|length)\]")
         reply = child.before
-        assert any(w in reply for w in ("def", "class", "import", " = ")), reply   # Python-looking
+        assert any(w in reply for w in ("def", "class", "import", " = ", '"""', "#")), reply   # Python-looking
         assert 1 <= int(child.match.group(1)) <= 24
         child.expect_exact(PROMPT)
         child.sendline("/stats")

@@ -51,10 +51,9 @@ def launch(harness: str, binary: Path, work: Path, env: dict, *args: str) -> sub
 
 @pytest.mark.xfail(strict=False, reason=(
     "the 9M demo model copies Claude Code's working directory into Read's file_path unreliably "
-    "(2026-12-01, Claude Code 2.1.197: /tmp/tmp459pm1fp became /tmp/tmp459pm108m1, and Claude Code "
-    "refused the read outside the project); with a path it copied (/home/user/project) Claude Code "
-    "ran the Read and sent '1<tab>banana split recipe...', and the model answered 'The first word "
-    "is1.': it was trained on padded line numbers (tools/agent_corpus.py numbered)"))
+    "(2026-12-01, Claude Code 2.1.197, 1 of 3 tries right: /tmp/tmpkspr for /tmp/tmpks30mmrz, and "
+    "Claude Code refuses a read outside the project); when the path is right the round trip "
+    "completes ('The first word is banana.')"))
 def test_claude_code_reads_a_file_through_a_tool_call(claude, tmp_path):  # noqa: F811
     work, env = scratch(tmp_path)
     run = launch("claude", claude, work, env, "-p", ASK, "--output-format", "stream-json", "--verbose")

@@ -138,7 +138,9 @@ def test_completions_batch_of_token_prompts_as_lm_eval_sends(oa, demo_tokenizer)
     assert r.usage.prompt_tokens == len(a) + len(b) and r.usage.completion_tokens == 2
     texts = oa.completions.create(model=MODEL, prompt=["x = ", "y = "], max_tokens=3, n=2, temperature=0)
     assert [c.index for c in texts.choices] == [0, 1, 2, 3]
-    assert texts.choices[0].text == texts.choices[1].text and texts.usage.completion_tokens == 12
+    assert texts.choices[0].text == texts.choices[1].text
+    ended = sum(c.finish_reason == "stop" for c in texts.choices)     # a choice may end on its own
+    assert texts.usage.completion_tokens == 12 if not ended else 4 <= texts.usage.completion_tokens < 12
     stream = list(oa.completions.create(model=MODEL, prompt=["x = ", "y = "], max_tokens=3, temperature=0,
                                         echo=True, stream=True))
     by_index = {}
