@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/decode_constrained.json")
     args = ap.parse_args()
-    from freetoken import LLM, SamplingParams
+    from freetoken import LLM, SamplingParams, demo
     from freetoken.grammar import json_grammar
     llm = LLM(backend="cpu")
     grammar = json_grammar(SCHEMA)
@@ -71,7 +71,7 @@ def main() -> None:
               f"{r['decode_tok_s'] / base[r['batch']]:.3f} |")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     result = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
-              "model": "tiny-coder-moe (demo)", "schema": SCHEMA, "rows": rows}
+              "model": f"{demo.DEMO_NAME} (demo)", "schema": SCHEMA, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))

@@ -9,7 +9,7 @@ None of the engines is a FreeToken dependency: run this in a throwaway venv that
 `numpy` (and `numba`, for the numba mask-apply row) plus the engines to compare; an engine that is
 not installed is skipped with a line saying so.
 
-Tokenizers: 'demo' is the packaged model's (freetoken/data/tiny-coder-moe, 4,000 tokens, logits
+Tokenizers: 'demo' is the packaged model's (freetoken/data/tiny-agent-moe: tiny-coder-moe's 4,000 tokens, logits
 4,096 wide); 'qwen-like' is a Qwen3-shaped byte-level BPE (Qwen's pre-tokenizer regex, 151,643 BPE
 tokens + Qwen's 26 added tokens = 151,669, logits 151,936 wide). With no hub access the script
 trains it with `tokenizers` on 120 MB of local text: this Python's stdlib sources, then the
@@ -60,7 +60,7 @@ for _v in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM
     os.environ.setdefault(_v, "1" if _v != "TOKENIZERS_PARALLELISM" else "false")
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_DIR = ROOT / "freetoken" / "data" / "tiny-coder-moe"
+DEMO_DIR = ROOT / "freetoken" / "data" / "tiny-agent-moe"   # tiny-coder-moe's vocabulary
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "freetoken" / "bench"
 ENGINES = {"llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}
 QWEN_LOGITS = 151936
