@@ -50,7 +50,7 @@ def _attention(ck: Checkpoint, cfg: ModelConfig, p: str, dtype) -> dict:
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     qkv = np.empty(((2 * Hq + 2 * G) * D, H), dtype)
     for rows, (proj, n) in zip(_row_slices(2 * Hq * D, G * D, G * D), (("q", 2 * Hq * D), ("k", G * D), ("v", G * D))):
-        qkv[rows] = _load(ck, f"{p}self_attn.{proj}_proj.weight", (n, H), dtype)
+        _load(ck, f"{p}self_attn.{proj}_proj.weight", (n, H), dtype, out=qkv[rows])
     return dict(qkv=qkv, o_proj=_load(ck, f"{p}self_attn.o_proj.weight", (H, Hq * D), dtype),
                 q_norm=_norm(ck, f"{p}self_attn.q_norm.weight", D), k_norm=_norm(ck, f"{p}self_attn.k_norm.weight", D))
 
@@ -72,7 +72,7 @@ def _split_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype) -> np.ndarra
     out = np.empty((C + Hv * Dv + 2 * Hv, H), dtype)
     for rows, (name, n) in zip(_row_slices(C, Hv * Dv, Hv, Hv),
                                (("in_proj_qkv", C), ("in_proj_z", Hv * Dv), ("in_proj_b", Hv), ("in_proj_a", Hv))):
-        out[rows] = _load(ck, f"{q}{name}.weight", (n, H), dtype)
+        _load(ck, f"{q}{name}.weight", (n, H), dtype, out=out[rows])
     return out
 
 
@@ -101,8 +101,8 @@ def _mlp(ck: Checkpoint, cfg: ModelConfig, i: int, p: str, dtype) -> dict:
     if Is:
         s = f"{p}mlp.shared_expert."
         gate_up = np.empty((1, 2 * Is, H), dtype)
-        gate_up[0, :Is] = _load(ck, f"{s}gate_proj.weight", (Is, H), dtype)
-        gate_up[0, Is:] = _load(ck, f"{s}up_proj.weight", (Is, H), dtype)
+        _load(ck, f"{s}gate_proj.weight", (Is, H), dtype, out=gate_up[0, :Is])
+        _load(ck, f"{s}up_proj.weight", (Is, H), dtype, out=gate_up[0, Is:])
         out.update(shared_gate_up=gate_up,
                    shared_down=np.ascontiguousarray(_load(ck, f"{s}down_proj.weight", (H, Is), dtype))[None],
                    shared_gate=_load(ck, f"{p}mlp.shared_expert_gate.weight", (1, H), dtype))

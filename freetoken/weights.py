@@ -51,7 +51,11 @@ class ModelWeights:
 # --- safetensors ------------------------------------------------------------------------------
 
 class SafetensorsFile:
-    """One .safetensors file: header parsed here, data memory-mapped read-only."""
+    """One .safetensors file: header parsed here; tensors read from the file on demand.
+
+    Tensors are read with plain file reads into arrays the caller owns (no memory map): a mapped
+    file's pages count in the process's RSS for as long as any view of them lives, so a model
+    whose experts are restacked would be resident twice (the mapping beside the copy)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -71,10 +75,10 @@ class SafetensorsFile:
         self.entries: dict[str, dict] = header
         self._data_start = 8 + n
         self._data_size = size - 8 - n
-        self._buf = None  # mapped on first get(), so listing a shard costs no mapping
 
-    def get(self, name: str) -> np.ndarray:
-        """The tensor as stored (a read-only memmap view); F16 is widened to a float32 copy."""
+    def get(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """The tensor as stored, read into `out` (C-contiguous, the stored dtype and shape) or
+        into a new array; F16 is widened to float32 (never into `out`)."""
         meta = self.entries[name]
         tag, shape = meta["dtype"], tuple(meta["shape"])
         if tag not in _STORED:
@@ -85,11 +89,22 @@ class SafetensorsFile:
         if end - begin != want or end > self._data_size or begin < 0:
             raise WeightsError(f"{self.path}: tensor {name!r} has data_offsets {begin}..{end}, "
                                f"expected {want} bytes for shape {shape} {tag} within {self._data_size}")
-        if self._buf is None:
-            self._buf = np.memmap(self.path, dtype=np.uint8, mode="r")
-        raw = self._buf[self._data_start + begin:self._data_start + end]
-        arr = np.asarray(raw).view(_STORED[tag]).reshape(shape)
-        return arr.astype(np.float32) if tag == "F16" else arr
+        direct = (out is not None and tag != "F16" and out.dtype == _STORED[tag] and out.shape == shape
+                  and out.flags.c_contiguous and out.flags.writeable)
+        dest = out if direct else np.empty(shape, _STORED[tag])
+        self._read_into(self._data_start + begin, dest)
+        return dest.astype(np.float32) if tag == "F16" else dest
+
+    def _read_into(self, offset: int, dest: np.ndarray) -> None:
+        view = memoryview(dest.reshape(-1).view(np.uint8))
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(offset)
+            done = 0
+            while done < len(view):          # one read may return less (Linux caps it near 2 GiB)
+                got = f.readinto(view[done:])
+                if not got:
+                    raise WeightsError(f"{self.path}: file ended {len(view) - done} bytes early")
+                done += got
 
 
 class Checkpoint:
@@ -120,8 +135,9 @@ class Checkpoint:
         shard, raw = self._where[name]
         return shard.entries[raw]["dtype"]
 
-    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The tensor `name` checked against `shape`; WeightsError names both when they differ."""
+    def get(self, name: str, shape: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
+        """The tensor `name` checked against `shape` (read into `out` when it fits, see
+        SafetensorsFile.get); WeightsError names both shapes when they differ."""
         if name not in self._where:
             raise WeightsError(f"{self.model_dir}: missing tensor {name!r} "
                                f"(expected shape {tuple(shape)}, found none)")
@@ -130,7 +146,7 @@ class Checkpoint:
         if found != tuple(shape):
             raise WeightsError(f"{shard.path}: tensor {raw!r} has the wrong shape: "
                                f"expected {tuple(shape)}, found {found}")
-        return shard.get(raw)
+        return shard.get(raw, out)
 
     def bf16_majority(self) -> bool:
         """True when BF16 holds most of the checkpoint's bytes (decides the model dtype)."""
@@ -211,8 +227,8 @@ def _encode(arr: np.ndarray, tag: str) -> np.ndarray:
 
 def load_weights(model_dir: str | Path, cfg: ModelConfig, log=None) -> ModelWeights:
     """Load a Qwen3-MoE checkpoint (a hybrid's: hf_hybrid.py) into ModelWeights: uint16 when the
-    checkpoint is (mostly) bf16, float32 otherwise; arrays whose stored dtype already matches stay
-    memory-mapped."""
+    checkpoint is (mostly) bf16, float32 otherwise; each tensor whose stored dtype matches is read
+    from the file straight into its place in the final arrays (no mapping, no second copy)."""
     ck = Checkpoint(model_dir)
     dtype = np.dtype(np.uint16) if ck.bf16_majority() else np.dtype(np.float32)
     if cfg.is_hybrid:
@@ -227,12 +243,19 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, log=None) -> ModelWeig
                         lm_head=lm_head, layers=layers)
 
 
-def _load(ck: Checkpoint, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """Tensor `name` in the model dtype: a memmap view when the stored dtype matches."""
-    arr = ck.get(name, shape)
-    if arr.dtype == dtype:
+def _load(ck: Checkpoint, name: str, shape: tuple[int, ...], dtype: np.dtype,
+          out: np.ndarray | None = None) -> np.ndarray:
+    """Tensor `name` in the model dtype, into `out` when given: read straight into it when the
+    stored dtype matches, else read, converted and copied."""
+    arr = ck.get(name, shape, out)
+    if arr is out:
+        return out
+    if arr.dtype != dtype:
+        arr = from_f32(arr) if dtype == np.uint16 else to_f32(arr)
+    if out is None:
         return arr
-    return from_f32(arr) if dtype == np.uint16 else to_f32(arr)
+    out[...] = arr.reshape(out.shape)
+    return out
 
 
 def _load_layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype: np.dtype) -> LayerWeights:
@@ -241,7 +264,7 @@ def _load_layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype: np.dtype) -> La
     qkv = np.empty(((Hq + 2 * G) * D, H), dtype)  # [(Hq+2G)*D, H]
     for rows, (proj, heads) in zip(_row_slices(Hq * D, G * D, G * D),
                                    (("q", Hq), ("k", G), ("v", G))):
-        qkv[rows] = _load(ck, f"{p}self_attn.{proj}_proj.weight", (heads * D, H), dtype)
+        _load(ck, f"{p}self_attn.{proj}_proj.weight", (heads * D, H), dtype, out=qkv[rows])
     if cfg.is_moe_layer(i):
         router = _load(ck, f"{p}mlp.gate.weight", (cfg.num_experts, H), dtype)
         gate_up, down = _expert_banks(ck, cfg, p, dtype)
@@ -268,15 +291,15 @@ def _expert_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
     """gate_up [E, 2I, H] (gate rows first) and down [E, H, I], each expert contiguous."""
     E, I, H = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
     if f"{p}mlp.experts.gate_up_proj" in ck:  # transformers-5 packed layout is already ours
-        return (np.ascontiguousarray(_load(ck, f"{p}mlp.experts.gate_up_proj", (E, 2 * I, H), dtype)),
-                np.ascontiguousarray(_load(ck, f"{p}mlp.experts.down_proj", (E, H, I), dtype)))
+        return (_load(ck, f"{p}mlp.experts.gate_up_proj", (E, 2 * I, H), dtype),
+                _load(ck, f"{p}mlp.experts.down_proj", (E, H, I), dtype))
     gate_up = np.empty((E, 2 * I, H), dtype)
     down = np.empty((E, H, I), dtype)
-    for e in range(E):  # fill a preallocated bank: no list of copies, no np.stack
+    for e in range(E):  # read into a preallocated bank: no list of copies, no np.stack
         q = f"{p}mlp.experts.{e}."
-        gate_up[e, :I] = _load(ck, f"{q}gate_proj.weight", (I, H), dtype)
-        gate_up[e, I:] = _load(ck, f"{q}up_proj.weight", (I, H), dtype)
-        down[e] = _load(ck, f"{q}down_proj.weight", (H, I), dtype)
+        _load(ck, f"{q}gate_proj.weight", (I, H), dtype, out=gate_up[e, :I])
+        _load(ck, f"{q}up_proj.weight", (I, H), dtype, out=gate_up[e, I:])
+        _load(ck, f"{q}down_proj.weight", (H, I), dtype, out=down[e])
     return gate_up, down
 
 
@@ -285,7 +308,7 @@ def _dense_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
     """A dense-MLP layer as a one-expert bank: gate_up [1, 2I, H], down [1, H, I]."""
     I, H = cfg.intermediate_size, cfg.hidden_size
     gate_up = np.empty((1, 2 * I, H), dtype)
-    gate_up[0, :I] = _load(ck, f"{p}mlp.gate_proj.weight", (I, H), dtype)
-    gate_up[0, I:] = _load(ck, f"{p}mlp.up_proj.weight", (I, H), dtype)
-    down = np.ascontiguousarray(_load(ck, f"{p}mlp.down_proj.weight", (H, I), dtype))[None]
+    _load(ck, f"{p}mlp.gate_proj.weight", (I, H), dtype, out=gate_up[0, :I])
+    _load(ck, f"{p}mlp.up_proj.weight", (I, H), dtype, out=gate_up[0, I:])
+    down = _load(ck, f"{p}mlp.down_proj.weight", (H, I), dtype)[None]
     return gate_up, down

@@ -173,7 +173,8 @@ def test_packed_experts_and_language_model_prefix(tmp_path):
     save_safetensors(tmp_path / "model.safetensors", t, "BF16")
     w = load_weights(tmp_path, CFG)
     check_layout(w, t, "BF16", prefix="model.language_model.")
-    assert not w.layers[0].gate_up.flags.writeable  # same layout as ours: stays memory-mapped
+    gate_up = w.layers[0].gate_up      # same layout as ours: read straight into an array it owns
+    assert gate_up.base is None and gate_up.flags.writeable and not isinstance(gate_up, np.memmap)
 
 
 def test_tied_embeddings_share_the_array(tmp_path):
@@ -258,3 +259,31 @@ def test_progress_draws_on_a_terminal(monkeypatch):
     assert list(progress_mod.progress(iter("ab"), 2, "loading")) == ["a", "b"]
     assert "loading [" in stream.getvalue() and "2/2" in stream.getvalue()
     assert stream.getvalue().endswith("\n")
+
+
+def _weights_arrays(w):
+    yield from (w.embed, w.final_norm, w.lm_head)
+    for lw in w.layers:
+        yield from (a for a in vars(lw).values() if isinstance(a, np.ndarray))
+
+
+@pytest.mark.parametrize("tag", ["BF16", "F32"])
+def test_loaded_weights_hold_no_mapping_of_the_file(tmp_path, tag):
+    """Every array is the process's own memory, and the file is not mapped once loading is done:
+    a mapping would keep the checkpoint's pages in RSS beside the copies (2x the model)."""
+    save_safetensors(tmp_path / "model.safetensors", synthetic(), tag)
+    w = load_weights(tmp_path, CFG)
+    for a in _weights_arrays(w):
+        assert not isinstance(a, np.memmap) and a.flags.writeable
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        assert str(tmp_path / "model.safetensors") not in maps.read_text()
+
+
+def test_a_truncated_file_is_a_clear_error(tmp_path):
+    save_safetensors(tmp_path / "x.safetensors", {"x": np.ones((64, 64), np.float32)}, "F32")
+    f = SafetensorsFile(tmp_path / "x.safetensors")
+    with open(tmp_path / "x.safetensors", "r+b") as fh:
+        fh.truncate(fh.seek(0, 2) - 100)
+    with pytest.raises(WeightsError, match="ended 100 bytes early"):
+        f.get("x")
