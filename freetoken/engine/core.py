@@ -73,14 +73,26 @@ class EngineCore:
         """Run one tiny request through prefill and decode so kernels are compiled (numba JIT on
         first use) before the first real request; then forget it (counters, prefix cache)."""
         t0 = time.perf_counter()
-        logger.info("warm-up forward (the first run on a machine compiles the kernels: about a minute)")
+        logger.info("warm-up forward")
         req = self.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
-        while req.finish_reason is None:
-            self.step()
+        with self._compile_watch():
+            while req.finish_reason is None:
+                self.step()
         self.moe.reset()
         if self.prefix_cache is not None:
             self.kv.free(self.prefix_cache.evict(self.prefix_cache.size))
         logger.info("warm-up forward done in %.2f s", time.perf_counter() - t0)
+
+    def _compile_watch(self):
+        """Progress of the numba compiles the warm-up triggers (CPU kernels: any backend's MoE
+        CPU branch and sampling use them); nothing to watch on the ref backend."""
+        import contextlib
+        if self.ops.name == "ref":
+            return contextlib.nullcontext()
+        from freetoken.kernels.compile_watch import watch_compiles
+        kind = "hybrid" if self.model_config.is_hybrid else "moe"
+        dtype = "bf16" if self.weights.embed.dtype == np.uint16 else "f32"
+        return watch_compiles(logger, f"{kind}/{dtype}")
 
     def _start_grammars(self):
         """grammar.Grammars with its llguidance tokenizer building in the background (it logs

@@ -23,6 +23,7 @@ SERIAL = dict(fastmath=True, cache=True, nogil=True)              # small helper
 
 _lock = threading.RLock()
 _numba = None
+_kernels: list = []      # every LazyKernel made (kernel modules make them at import, a few dozen)
 
 
 def prange(*args):
@@ -136,6 +137,7 @@ class LazyKernel:
         self._disp = None
         self.sources = set()  # files whose code this kernel compiles in (set when resolved)
         self.__doc__, self.__name__, self.__wrapped__ = fn.__doc__, fn.__name__, fn
+        _kernels.append(self)
 
     def __call__(self, *args):
         disp = self._disp or self.dispatcher
@@ -170,6 +172,11 @@ class LazyKernel:
         new.__qualname__ = f"{fn.__qualname__}.v{zlib.crc32(stamp.encode()):08x}"
         new.__module__ = fn.__module__
         return new
+
+
+def in_use() -> list:
+    """The dispatchers of the kernels this process has run (compiled here or loaded from cache)."""
+    return [k._disp for k in _kernels if k._disp is not None and k._disp.overloads]
 
 
 def njit(**options):
