@@ -116,10 +116,21 @@ class Request:
     ends_a_query: bool = False    # the prompt's last message is the user's, not a tool result (hybrid models)
     resume: object = None         # the checkpoint this request's prefill resumes from
     prompt_unique: object = None  # sorted distinct prompt ids (the repetition penalty's), made once
+    slot_row: object = None       # int32 copy of slots[:slot_row_len] (the runner's slot table row)
+    slot_row_len: int = 0         # 0 whenever slots is rewritten in place
+    slot_row_of: object = None    # the slots list slot_row mirrors (a new list invalidates it)
 
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def ids_at(self, start: int, n: int) -> list[int]:
+        """all_ids[start:start + n] without building all_ids (a decode step at 16k context would
+        copy 16k ids for one)."""
+        P = len(self.prompt_ids)
+        if start >= P:
+            return self.output_ids[start - P:start - P + n]
+        return self.prompt_ids[start:start + n] + self.output_ids[:max(0, start + n - P)]
 
     @property
     def num_tokens(self) -> int:

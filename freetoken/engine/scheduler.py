@@ -122,6 +122,7 @@ class Scheduler:
         self.cache.lock(node)
         self.cache.unlock(req.lock_node)
         req.lock_node, req.slots[:n] = node, slots
+        req.slot_row_len = 0       # rewritten in place: the runner's int32 copy is stale
         self.kv.free(dups)         # positions another request had cached meanwhile: its copy is kept
         if self.resumer is not None:
             self.resumer.link(req, req.prompt_ids)
