@@ -190,7 +190,8 @@ def _flag(default, help_text: str, choices: tuple | None = None, **extra):
 class EngineConfig:
     """Everything the engine needs besides the model. Unknown keywords raise TypeError."""
 
-    model: str | None = _flag(None, "model directory (Hugging Face format); default: the built-in demo model")
+    model: str | None = _flag(None, "model directory (Hugging Face format), or a built-in model: demo "
+                                    "(tiny-agent-moe, the default) or demo-hybrid (tiny-agent-hybrid)")
     backend: str = _flag("auto", "compute backend: auto picks cuda when a GPU is visible, else cpu",
                          ("auto", "ref", "cpu", "cuda"))
     max_running_requests: int = _flag(4, "most requests decoding at once")

@@ -1,12 +1,14 @@
 """The built-in models shipped inside the package: `tiny-agent-moe` (a small trained Qwen3-MoE
-that calls tools; the default, also `--model demo`), and the tokenizer synthetic and random test
-models use (`synth-tokenizer`: the same vocabulary with the plain Qwen3-style template)."""
+that calls tools; the default, also `--model demo`), `tiny-agent-hybrid` (its Gated DeltaNet
+hybrid sibling in the Qwen3.5-MoE layout, `--model demo-hybrid`), and the tokenizer synthetic
+and random test models use (`synth-tokenizer`: the same vocabulary with the plain Qwen3-style
+template)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 DEMO_NAME = "tiny-agent-moe"
-BUILTIN = {"demo": DEMO_NAME}       # short --model names of the packaged models
+BUILTIN = {"demo": DEMO_NAME, "demo-hybrid": "tiny-agent-hybrid"}   # short --model names of the packaged models
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -92,9 +94,9 @@ def write_random_model(out_dir, seed: int = 0, **shape) -> Path:
     return out
 
 
-def write_demo_model(out_dir) -> Path:
-    """Copy the packaged demo model to out_dir (a plain Hugging Face directory)."""
+def write_demo_model(out_dir, name: str = "demo") -> Path:
+    """Copy a packaged model (a BUILTIN short name) to out_dir (a plain Hugging Face directory)."""
     import shutil
     out = Path(out_dir)
-    shutil.copytree(packaged_demo_dir(), out, dirs_exist_ok=True, copy_function=shutil.copyfile)
+    shutil.copytree(DATA / BUILTIN[name], out, dirs_exist_ok=True, copy_function=shutil.copyfile)
     return out

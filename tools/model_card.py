@@ -40,24 +40,49 @@ def _stage1(model_dir: Path) -> list[str]:
     return out
 
 
+def _architecture(cfg: dict) -> list[str]:
+    experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    moe = (f"{experts} routed experts top-{cfg['num_experts_per_tok']} (width {cfg['moe_intermediate_size']}) in "
+           f"every layer")
+    common = (f"vocabulary {cfg['vocab_size']}, {cfg['max_position_embeddings']} positions, bf16. The tokenizer is "
+              "tiny-coder-moe's (byte-level BPE, ChatML and Qwen3's tool and think tokens).")
+    if "layer_types" not in cfg:
+        return [f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} query / "
+                f"{cfg['num_key_value_heads']} KV heads of {cfg['head_dim']}, {moe}, {common}"]
+    kinds = ", ".join("GDN" if t == "linear_attention" else "attention" for t in cfg["layer_types"])
+    return [f"The Qwen3.5/3.6-MoE layout (`Qwen3_5MoeForCausalLM`), demo-sized: {cfg['num_hidden_layers']} layers "
+            f"({kinds}), hidden {cfg['hidden_size']}. Gated DeltaNet layers: {cfg['linear_num_key_heads']} key / "
+            f"{cfg['linear_num_value_heads']} value heads of {cfg['linear_key_head_dim']}, causal conv of "
+            f"{cfg['linear_conv_kernel_dim']}; the full-attention layer is gated (a sigmoid gate per head), "
+            f"{cfg['num_attention_heads']} query / {cfg['num_key_value_heads']} KV heads of {cfg['head_dim']}, rotary on "
+            f"{cfg['rope_parameters'].get('partial_rotary_factor', 1.0):g} of each head; {moe} plus a gated shared "
+            f"expert (width {cfg['shared_expert_intermediate_size']}); {common}"]
+
+
+def _hybrid_init(cfg: dict, a: dict) -> list[str]:
+    if "layer_types" not in cfg:
+        return []
+    return [f"Started from `{Path(a['init']).name}` (tools/hybrid_init.py): its embedding, output head, router, "
+            "routed experts, norms and attention weights (layer 3) were copied; the Gated DeltaNet layers, the "
+            "attention output gate and the shared expert started so as to add nothing (zero output projections) and "
+            "were learned. Copied as they are, the routed experts lose their meaning without the attention of layers "
+            "0-2 (loss 9.7 at step 1 against 0.28 for the donor); the first 100 steps bring it under 2.", ""]
+
+
 def write_card(model_dir: Path, ev: dict) -> None:
     log = json.loads((model_dir / "train_log.json").read_text())
     cfg = json.loads((model_dir / "config.json").read_text())
     a = log["args"]
     losses = [r["loss"] for r in log["log"]]
+    kind = "Gated DeltaNet hybrid MoE" if "layer_types" in cfg else "Qwen3-MoE"
     lines = [f"# {model_dir.name}", "",
-             "A tiny Qwen3-MoE causal language model that acts like an agent's model: given a harness's tools",
+             f"A tiny {kind} causal language model that acts like an agent's model: given a harness's tools",
              "and a request that needs one, it emits a `<tool_call>` of a listed tool with arguments taken from the",
              "request, reads the `<tool_response>`, and answers with what it found. Trained by `tools/train_demo.py`",
              "(FreeToken's repository) on synthetic agent conversations in the style of Claude Code, Codex CLI and a",
              "generic tool set, plus Python standard-library code. Far too small to be useful as an assistant; it",
              "exists so that a harness can be shown doing real round trips against FreeToken with no network and no GPU.",
-             "", "## Architecture", "",
-             f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} query / "
-             f"{cfg['num_key_value_heads']} KV heads of {cfg['head_dim']}, {cfg.get('num_experts') or cfg['num_local_experts']} routed experts top-"
-             f"{cfg['num_experts_per_tok']} (width {cfg['moe_intermediate_size']}) in every layer, vocabulary "
-             f"{cfg['vocab_size']}, {cfg['max_position_embeddings']} positions, bf16. The tokenizer is "
-             "tiny-coder-moe's (byte-level BPE, ChatML and Qwen3's tool and think tokens).", "",
+             "", "## Architecture", "", *_architecture(cfg), "",
              "## Chat template", "",
              "Qwen3-style ChatML, compact so that a 2048-position model can serve harnesses whose own prompts run to",
              "tens of thousands of tokens: the leading system message renders as its first paragraph (at most 320",
@@ -66,12 +91,13 @@ def write_card(model_dir: Path, ev: dict) -> None:
              "spans inside user text are dropped; Codex's `<environment_context>` message renders as its `cwd`.",
              "Claude Code's first request (24 tools, 64 KB of schemas) renders to 575 tokens. Calls, results and thinking are rendered as Qwen3 does (`tools/agent_template.jinja`).",
              "", "## Training", "",
-             f"`tools/train_demo.py --steps {a['steps']} --seq {a['seq']} --batch {a['batch']} --lr {a['lr']} "
+             f"`tools/train_demo.py{' --arch hybrid' if a.get('arch') == 'hybrid' else ''} --steps {a['steps']} "
+             f"--seq {a['seq']} --batch {a['batch']} --lr {a['lr']} "
              f"--seed {a['seed']} --code-share {a['code_share']}`, from `--init {Path(a['init']).name}`: "
              f"{log['steps']} steps, {log['tokens']:,} tokens, {log['minutes']} minutes on 2 CPU cores (torch "
              f"{a.get('torch', '2.13.0')}, CPU). Loss on the assistant's tokens (all tokens of code documents): "
              f"{losses[0]} at step 1, {losses[len(losses) // 2]} half way, {losses[-1]} at the end.", "",
-             *_stage1(model_dir),
+             *_hybrid_init(cfg, a), *_stage1(model_dir),
              "## Held-out numbers (tools/eval_demo.py, through FreeToken's CPU path)", "",
              f"Mean negative log-likelihood: {ev['heldout_loss_agent']} nats per assistant token of held-out "
              f"conversations (a seed training never drew), {ev['heldout_loss_code']} per token of held-out code (15 "
@@ -82,10 +108,13 @@ def write_card(model_dir: Path, ev: dict) -> None:
              "The held-out conversations come from the same generator as the training ones (other file names,",
              "contents, working directories and orderings; the same kinds of request). The model learned the",
              "call formats and which tool a request needs; copying is its weak point: Claude Code's Read wants an",
-             "absolute path made of the working directory, which it copies wrongly in about half the cases, and",
-             "most wrong answers are words copied wrongly from the tool result. Routing locality was not measured",
-             "for this model yet (bench/record_traces.py).", "",
+             "absolute path made of the working directory (the expected call, path copied right, in "
+             f"{_pct(ev['tool_calls']['by_harness']['claude']['exact'])} of Claude Code requests against "
+             f"{_pct(ev['tool_calls']['by_harness']['generic']['exact'])} of generic ones), and most wrong answers are "
+             "words copied wrongly from the tool result. Routing locality on held-out code, chats and agent sessions: "
+             "docs/performance.md and bench/traces/ (bench/record_traces.py `--model`).", "",
              "## Samples", ""]
     for smp in ev["answers"]["samples"]:
-        lines += [f"- {smp['harness']}: *{smp['request']}* → after the call and its result: `{smp['reply'].strip()[:160]}`"]
+        reply = " ".join(smp["reply"].split("</think>")[-1].split())[:160]      # the answer, on one line
+        lines += [f"- {smp['harness']}: *{smp['request']}* → after the call and its result: `{reply}`"]
     (model_dir / "README.md").write_text("\n".join(lines) + "\n")

@@ -114,14 +114,7 @@ def build_model(init: str, torch, arch: str = "moe"):
     Qwen3-MoE, HYBRID for the Gated DeltaNet hybrid (--arch hybrid; transformers' Qwen3.5-MoE)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     if arch == "hybrid":
-        from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-        if init != "none":
-            cfg = Qwen3_5MoeTextConfig.from_pretrained(init)
-            cfg.output_router_logits = True
-            return Qwen3_5MoeForCausalLM.from_pretrained(init, config=cfg, dtype=torch.float32), cfg
-        cfg = Qwen3_5MoeTextConfig(**HYBRID)
-        cfg.output_router_logits = True
-        return Qwen3_5MoeForCausalLM(cfg), cfg
+        return build_hybrid(init, torch)
     if init == "none":
         from freetoken.demo import random_config
         cfg = Qwen3MoeConfig(**{**random_config(**SHAPE), "router_aux_loss_coef": 0.01, "decoder_sparse_step": 1,
@@ -131,6 +124,25 @@ def build_model(init: str, torch, arch: str = "moe"):
     cfg = Qwen3MoeConfig.from_pretrained(init)
     cfg.output_router_logits = True               # the router's load-balancing loss
     return Qwen3MoeForCausalLM.from_pretrained(init, config=cfg, dtype=torch.float32), cfg
+
+
+def build_hybrid(init: str, torch):
+    """--init a Qwen3.5-MoE directory (continue it), a Qwen3-MoE one (transplant its embedding,
+    head, router and experts: tools/hybrid_init.py), or none."""
+    from transformers import AutoConfig, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3MoeForCausalLM
+    donor = AutoConfig.from_pretrained(init).architectures[0] if init != "none" else None
+    if donor == "Qwen3_5MoeForCausalLM":
+        cfg = Qwen3_5MoeTextConfig.from_pretrained(init)
+        cfg.output_router_logits = True
+        return Qwen3_5MoeForCausalLM.from_pretrained(init, config=cfg, dtype=torch.float32), cfg
+    cfg = Qwen3_5MoeTextConfig(**HYBRID)
+    cfg.output_router_logits = True
+    model = Qwen3_5MoeForCausalLM(cfg)
+    if donor is not None:
+        from hybrid_init import transplant
+        copied = transplant(model, Qwen3MoeForCausalLM.from_pretrained(init, dtype=torch.float32), torch)
+        print(f"hybrid: {len(copied)} tensors copied from {init} (tools/hybrid_init.py)", flush=True)
+    return model, cfg
 
 
 def train(args) -> dict:
@@ -198,7 +210,7 @@ def main(argv=None) -> None:
     ap.add_argument("--arch", choices=("moe", "hybrid"), default="moe",
                     help="moe: Qwen3-MoE (tiny-agent-moe); hybrid: Qwen3.5-MoE layout (Gated DeltaNet + gated attention)")
     ap.add_argument("--init", default=None, help="a Hugging Face directory to start from, or none "
-                                                 "(default: the predecessor for moe, none for hybrid)")
+                                                 "(default: the predecessor for moe, the packaged tiny-agent-moe for hybrid)")
     ap.add_argument("--steps", type=int, default=2400, help="optimizer steps of --batch x --seq tokens")
     ap.add_argument("--minutes", type=float, default=60, help="stop early past this wall time (logged)")
     ap.add_argument("--docs", type=int, default=200_000, help="documents drawn (the run stops at --minutes)")
@@ -210,7 +222,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.init is None:
-        args.init = str(PREDECESSOR) if args.arch == "moe" else "none"
+        args.init = str(PREDECESSOR if args.arch == "moe" else ROOT / "freetoken" / "data" / "tiny-agent-moe")
     np.random.seed(args.seed)
     save(train(args), args)
 

@@ -55,7 +55,8 @@ def test_completions(oa):
 
 
 def test_tool_round_trip(oa, an):
-    """The demo model never calls tools itself; the client's call and the tool's result go back in."""
+    """A client-made call and the tool's result go back in; both APIs count the same prompt (the
+    model's own calls: test_builtin_agents.py)."""
     messages = [{"role": "user", "content": "Show setup.py"},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call_1", "type": "function",
