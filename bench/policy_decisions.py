@@ -1,7 +1,7 @@
 """Decide three MoE defaults by measurement on the demo model's recorded routing (table + JSON).
 
 (a) --moe-min-fill 0 or 1 and (b) the fill-set order (recency descending vs lowest id): replay
-    bench/traces/demo_{code,chat}.npz through SlotCache under the hybrid q* rule at each phi and
+    bench/traces/demo_{code,chat,agent}.npz through SlotCache under the hybrid q* rule at each phi and
     cache size, and model each layer-step's time with bench/split_model.py's makespan models
     (independent: max(q/B_P, (m-q)/B_H); shared-DRAM: the fills' host reads take B_P of B_H).
 (c) the prefill threshold: windows of T real prefill tokens (demo_prefill.npz), and for the
@@ -267,7 +267,8 @@ def main(argv=None):
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     t0, d = time.perf_counter(), Path(args.traces)
-    traces = {n: load_trace(d / f"{n}.npz") for n in ("demo_code", "demo_chat", "demo_prefill")}
+    names = [n for n in ("demo_code", "demo_chat", "demo_agent", "demo_prefill") if (d / f"{n}.npz").exists()]
+    traces = {n: load_trace(d / f"{n}.npz") for n in names}
     prefill = traces.pop("demo_prefill")
     measured = measure_here(args)
     fill_rows, summary = ([], {}) if args.skip_fill else run_fill(traces, args.warmup)

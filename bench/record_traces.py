@@ -1,15 +1,22 @@
-"""Record routing traces of the demo model (tiny-coder-moe) on held-out code and on chats.
+"""Record routing traces of the demo model on held-out code, chats and agent sessions.
 
-Writes three traces (format: freetoken/moe/trace.py) and prints the locality of each:
+Writes four traces (format: freetoken/moe/trace.py) and prints the locality of each:
   demo_code.npz     decode routing of held-out code, teacher-forced: each snippet is fed one real
                     token per decode step (chunked prefill of 1 token: every step takes the decode
                     path), so routing follows real code, not the model's own continuations
   demo_chat.npz     decode routing of multi-turn chats (3 turns, sampled replies, prefix cache on)
+  demo_agent.npz    decode routing of agent sessions: held-out synthetic Claude Code / Codex /
+                    generic-tool conversations (tools/agent_corpus.py, a seed neither training nor
+                    tools/eval_demo.py uses); at each assistant turn the model samples its reply
+                    (the decode steps recorded), then the conversation goes on with the corpus's
+                    own turn and tool results, as a harness would send them (prefix cache on)
   demo_prefill.npz  routing of prefill calls: one layer-step per (prefill call, layer) holding all
-                    its tokens; code snippets prefilled whole, and each chat turn's uncached suffix
+                    its tokens; code snippets prefilled whole, and each chat and agent turn's
+                    uncached suffix
 meta["seq_starts"] lists the steps where a new sequence (snippet or reply) starts.
 
-Held-out code: the demo model's README says 2% of the CPython 3.11 standard-library files
+The traces in the repository are tiny-agent-moe's (the default built-in model; --model picks
+another). Held-out code: the demo model's README says 2% of the CPython 3.11 standard-library files
 (15 files, 32,338 tokens), chosen by hash of the relative path, were never trained on. Among the
 734 eligible files (no test/tests/idle_test/site-packages directories), the 15 with the lowest
 SHA-256 of their relative path hold 32,323 tokens: 32,338 with one separator per document, so
@@ -38,6 +45,7 @@ from agent_corpus import held_out_stdlib                        # noqa: E402
 FOLLOW_UPS = ("Write Python code.", "Write more Python code.", "Now write a class.",
               "Write another function.", "Write a test for it.")
 SYSTEM = "You are a helpful assistant."
+AGENT_SEED = 5000       # agent_corpus seeds: training 0-2, tools/eval_demo.py 1000
 
 
 class TraceTap:
@@ -64,7 +72,7 @@ class TraceTap:
 
 
 def engine(**options) -> tuple[LLM, TraceTap]:
-    llm = LLM(moe_backend="cpu", **options)
+    llm = LLM(options.pop("model", None), moe_backend="cpu", **options)
     tap = TraceTap(llm.core.moe, llm.core.model_config, llm.core.model_name)
     llm.core.model.moe = tap
     return llm, tap
@@ -88,9 +96,9 @@ def snippets(tokenizer, files, count: int, length: int, rng) -> list[list[int]]:
     return out
 
 
-def record_code(snips, cores) -> tuple:
+def record_code(snips, cores, model) -> tuple:
     """Teacher-forced decode trace of the snippets, and a prefill trace of the same snippets."""
-    forced, tap = engine(chunked_prefill_size=1, enable_prefix_cache=False)
+    forced, tap = engine(model=model, chunked_prefill_size=1, enable_prefix_cache=False)
     starts = []
     for ids in snips:
         starts.append(tap.decode_steps)
@@ -98,16 +106,16 @@ def record_code(snips, cores) -> tuple:
     forced.core.close()
     trace = tap.decode.trace()
     trace.meta.update(workload="held-out code, teacher-forced decode", seq_starts=starts)
-    whole, ptap = engine(enable_prefix_cache=False)
+    whole, ptap = engine(model=model, enable_prefix_cache=False)
     for ids in snips[:cores]:
         whole.generate(ids, SamplingParams(max_tokens=1))
     whole.core.close()
     return trace, ptap
 
 
-def record_chats(chats: int, turns: int, reply_tokens: int, seed: int) -> tuple:
+def record_chats(chats: int, turns: int, reply_tokens: int, seed: int, model) -> tuple:
     """Multi-turn chats with sampled replies; returns (decode trace, the tap with prefill calls)."""
-    llm, tap = engine()
+    llm, tap = engine(model=model)
     rng, starts, lengths = np.random.default_rng(seed), [], []
     for c in range(chats):
         messages = [{"role": "system", "content": SYSTEM}] if c % 3 == 2 else []
@@ -123,6 +131,31 @@ def record_chats(chats: int, turns: int, reply_tokens: int, seed: int) -> tuple:
     llm.core.close()
     trace = tap.decode.trace()
     trace.meta.update(workload=f"{chats} chats x {turns} turns, temperature 0.7, top-p 0.95",
+                      seq_starts=starts, reply_tokens=lengths)
+    return trace, tap
+
+
+def record_agents(sessions: int, reply_tokens: int, seed: int, model) -> tuple:
+    """Agent sessions: the model's sampled reply at every assistant turn, the corpus's turn kept."""
+    import random
+
+    import agent_corpus as corpus
+    llm, tap = engine(model=model)
+    rng = random.Random(AGENT_SEED + seed)
+    files, hs = corpus.Files(rng, corpus.stdlib_files()), corpus.harnesses()
+    starts, lengths = [], []
+    for s in range(sessions):
+        c = corpus.conversation(rng, files, hs)
+        msgs = c["messages"]
+        for i in [i for i, m in enumerate(msgs) if m["role"] == "assistant"]:
+            params = SamplingParams(max_tokens=reply_tokens, temperature=0.7, top_p=0.95, seed=seed * 1000 + s * 10 + i)
+            starts.append(tap.decode_steps)
+            out = llm.generate(llm.chat_prompt(msgs[:i], tools=c["tools"]), params)[0]
+            lengths.append(len(out.token_ids))
+    llm.core.close()
+    trace = tap.decode.trace()
+    trace.meta.update(workload=f"{sessions} agent sessions (tools/agent_corpus.py seed {AGENT_SEED + seed}), "
+                               f"every assistant turn sampled, temperature 0.7, top-p 0.95",
                       seq_starts=starts, reply_tokens=lengths)
     return trace, tap
 
@@ -161,53 +194,62 @@ def print_locality(name, trace, rows) -> None:
     print(f"{'mean':>5} {mean['shared']:>7.3f} {mean['shuffled']:>8.3f}")
 
 
-def prefill_trace(code_tap, chat_tap, meta: dict):
-    """One trace of every prefill call: the code snippets first, then the chat turns."""
-    a, b = code_tap.prefill.trace(), chat_tap.prefill.trace()
-    step = np.concatenate([a.step, b.step + code_tap.prefill_steps])
-    trace = type(a)(np.concatenate([a.ids, b.ids]), np.concatenate([a.layer, b.layer]), step,
-                    dict(a.meta))
-    trace.meta.update(meta, calls_tokens=code_tap.prefill_tokens + chat_tap.prefill_tokens,
-                      calls_source=["code"] * code_tap.prefill_steps + ["chat"] * chat_tap.prefill_steps)
+def prefill_trace(taps: dict, meta: dict):
+    """One trace of every prefill call, source by source (code snippets, chat turns, agent turns)."""
+    traces, offset, steps = [t.prefill.trace() for t in taps.values()], 0, []
+    for trace, tap in zip(traces, taps.values()):
+        steps.append(trace.step + offset)
+        offset += tap.prefill_steps
+    first = traces[0]
+    trace = type(first)(np.concatenate([t.ids for t in traces]), np.concatenate([t.layer for t in traces]),
+                        np.concatenate(steps), dict(first.meta))
+    trace.meta.update(meta, calls_tokens=[n for tap in taps.values() for n in tap.prefill_tokens],
+                      calls_source=[name for name, tap in taps.items() for _ in range(tap.prefill_steps)])
     return trace
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "traces"))
+    ap.add_argument("--model", help="a model directory or built-in name (default: the default built-in model)")
     ap.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"], help="a Python 3.11 Lib dir")
     ap.add_argument("--snippets", type=int, default=20)
     ap.add_argument("--snippet-tokens", type=int, default=256)
     ap.add_argument("--prefills", type=int, default=20, help="code snippets also prefilled whole")
     ap.add_argument("--chats", type=int, default=12)
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--agents", type=int, default=16, help="agent sessions")
     ap.add_argument("--reply-tokens", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     t0, out = time.perf_counter(), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files = held_out_stdlib(Path(args.stdlib))
-    llm = LLM(moe_backend="cpu")
+    llm = LLM(args.model, moe_backend="cpu")
     snips = snippets(llm.tokenizer, files, args.snippets, args.snippet_tokens,
                      np.random.default_rng(args.seed))
+    model_name = llm.core.model_name
     llm.core.close()
     source = {"stdlib": args.stdlib, "python": sys.version.split()[0],
               "files": [str(p.relative_to(args.stdlib)) for p in files]}
-    code, code_tap = record_code(snips, args.prefills)
+    code, code_tap = record_code(snips, args.prefills, args.model)
     code.meta.update(source, snippet_tokens=args.snippet_tokens)
-    chat, chat_tap = record_chats(args.chats, args.turns, args.reply_tokens, args.seed)
-    prefill = prefill_trace(code_tap, chat_tap, {"workload": "prefill calls", **source})
-    for name, trace in (("demo_code", code), ("demo_chat", chat)):
+    chat, chat_tap = record_chats(args.chats, args.turns, args.reply_tokens, args.seed, args.model)
+    agent, agent_tap = record_agents(args.agents, args.reply_tokens, args.seed, args.model)
+    taps = {"code": code_tap, "chat": chat_tap, "agent": agent_tap}
+    prefill = prefill_trace(taps, {"workload": "prefill calls", **source})
+    names = ("demo_code", "demo_chat", "demo_agent", "demo_prefill")
+    for name, trace in zip(names, (code, chat, agent)):
         trace.meta["locality"] = rows = locality(trace)
         print_locality(name, trace, rows)
         trace.save(out / f"{name}.npz")
     prefill.save(out / "demo_prefill.npz")
-    tokens = prefill.meta["calls_tokens"]
+    tokens, first = prefill.meta["calls_tokens"], code_tap.prefill_steps
     print(f"\ndemo_prefill: {len(tokens)} prefill calls, tokens min {min(tokens)} median "
-          f"{int(np.median(tokens))} max {max(tokens)} (chat turns: "
-          f"{sorted(tokens[code_tap.prefill_steps:])})")
-    print(f"\nwrote {', '.join(f'{n}.npz' for n in ('demo_code', 'demo_chat', 'demo_prefill'))} "
-          f"to {out} in {time.perf_counter() - t0:.0f} s")
+          f"{int(np.median(tokens))} max {max(tokens)} (chat and agent turns: median "
+          f"{int(np.median(tokens[first:]))}, max {max(tokens[first:])})")
+    print(f"\nwrote {', '.join(n + '.npz' for n in names)} of {model_name} to {out} in "
+          f"{time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":
