@@ -1,0 +1,101 @@
+"""The two engines of bench/compare_llamacpp.py, each measurement one process: FreeToken through
+``python -m freetoken generate`` (its summary line has the prefill and decode tok/s), llama.cpp
+through llama-bench and llama-completion (bench/_llamacpp.py builds the command lines)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import _llamacpp as llamacpp
+from _child import child_env, read_through, run_child
+
+STARTUP_DECODE = 16       # tokens the start-up runs generate (a few, so some decode to text)
+_SUMMARY = re.compile(r"prompt tokens (\d+) \| generated tokens (\d+) \| prefill ([\d.]+) tok/s \| "
+                      r"decode ([\d.]+) tok/s")
+# FreeToken's greedy ids through the public API (generate prints text only)
+_FT_IDS = ("import json, sys; from freetoken import LLM, SamplingParams; a = json.loads(sys.argv[1]); "
+           "llm = LLM(a['model'], backend='cpu', max_running_requests=1, moe_cpu_threads=a['threads']); "
+           "o = llm.generate(a['text'], SamplingParams(max_tokens=a['n'], temperature=0.0, ignore_eos=True))[0]; "
+           "print(json.dumps({'prompt': o.prompt_token_ids, 'out': o.token_ids}))")
+
+
+def _startup_numbers(run) -> dict:
+    """The start-up run's numbers, and its log's last lines (a slow start says why there: compiles)."""
+    return {"first_byte_s": run.first_byte_s, "max_rss_bytes": run.max_rss_bytes, "wall_s": run.wall_s,
+            "stderr_tail": run.stderr.strip().splitlines()[-12:]}
+
+
+class FreeTokenRuns:
+    name = "freetoken"
+
+    def __init__(self, hf: Path, threads: int, max_len: int, timeout: float):
+        self.hf, self.threads, self.max_len, self.timeout = hf, threads, max_len, timeout
+        self.env = child_env(threads)
+
+    def command(self, text: str, n: int) -> list:
+        return [sys.executable, "-m", "freetoken", "generate", "--model", self.hf, "--backend", "cpu",
+                "--max-running-requests", 1, "--moe-cpu-threads", self.threads, "--max-model-len",
+                self.max_len, "--temperature", 0, "--ignore-eos", "--prompt", text, "--max-tokens", n]
+
+    def _run(self, text: str, n: int, tokens: int):
+        run = run_child(self.command(text, n), self.env, self.timeout).check("freetoken generate")
+        m = _SUMMARY.search(run.stderr)
+        if not m or int(m.group(1)) != tokens:
+            raise RuntimeError(f"freetoken generate: no summary for a {tokens}-token prompt:\n{run.stderr[-800:]}")
+        return run, float(m.group(3)), float(m.group(4))
+
+    def startup(self, text: str, tokens: int) -> dict:
+        read_through(sorted(self.hf.glob("*.safetensors")))    # "warm page cache" made true
+        return _startup_numbers(self._run(text, STARTUP_DECODE, tokens)[0])
+
+    def decode(self, text: str, tokens: int, n: int) -> dict:
+        run, _, decode = self._run(text, n, tokens)
+        return {"tok_s": decode, "max_rss_bytes": run.max_rss_bytes}
+
+    def prefill(self, text: str, tokens: int) -> dict:
+        run, prefill, _ = self._run(text, 1, tokens)
+        return {"tok_s": prefill, "max_rss_bytes": run.max_rss_bytes}
+
+    def greedy_ids(self, text: str, n: int) -> tuple[list, list]:
+        arg = json.dumps({"model": str(self.hf), "threads": self.threads, "text": text, "n": n})
+        run = run_child([sys.executable, "-c", _FT_IDS, arg], self.env, self.timeout).check("freetoken ids")
+        ids = json.loads(run.stdout.strip().splitlines()[-1])
+        return ids["prompt"], ids["out"]
+
+
+class LlamaCppRuns:
+    name = "llama.cpp"
+
+    def __init__(self, lc, gguf: Path, threads: int, max_len: int, timeout: float):
+        self.lc, self.gguf, self.threads, self.max_len, self.timeout = lc, gguf, threads, max_len, timeout
+        self.env = child_env(threads)
+        self.depth = llamacpp.supports_depth(lc)
+        self.record = None        # llama-bench's description of itself, from the first run
+
+    def startup(self, text: str, tokens: int) -> dict:
+        cmd = llamacpp.completion_cmd(self.lc, self.gguf, self.threads, text, STARTUP_DECODE, self.max_len)
+        read_through([self.gguf])
+        return _startup_numbers(run_child(cmd, self.env, self.timeout).check("llama-completion"))
+
+    def _bench(self, prompt: int, gen: int, depth: int = 0) -> dict:
+        cmd = llamacpp.bench_cmd(self.lc, self.gguf, self.threads, prompt, gen, depth)
+        run = run_child(cmd, self.env, self.timeout).check("llama-bench")
+        self.record = self.record or llamacpp.bench_record(run.stdout)
+        return {"tok_s": llamacpp.bench_tok_s(run.stdout), "max_rss_bytes": run.max_rss_bytes}
+
+    def decode(self, text: str, tokens: int, n: int) -> dict:
+        return self._bench(0, n, tokens) if self.depth else {"tok_s": None, "note": "llama-bench has no -d"}
+
+    def prefill(self, text: str, tokens: int) -> dict:
+        return self._bench(tokens, 0)
+
+    def greedy_ids(self, text: str, n: int) -> tuple[list, list]:
+        with tempfile.TemporaryDirectory() as tmp:
+            session = Path(tmp) / "session.bin"
+            cmd = llamacpp.completion_cmd(self.lc, self.gguf, self.threads, text, n, self.max_len, session)
+            run_child(cmd, self.env, self.timeout).check("llama-completion --prompt-cache")
+            ids = llamacpp.session_tokens(session)
+        return ids[:-n], ids[-n:]

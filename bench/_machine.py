@@ -1,0 +1,52 @@
+"""What a benchmark's JSON says about the machine and the code it ran: CPU model (/proc/cpuinfo),
+cores, memory, date, versions and this checkout's commit. Used by bench/compare_llamacpp.py; the
+older benches still read /proc/cpuinfo each on their own."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_info() -> dict:
+    """CPU model name and flags of interest from /proc/cpuinfo (platform.processor() elsewhere)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():   # the first CPU's lines win
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {"model": fields.get("model name") or platform.processor() or "?",
+            "family/model/stepping": "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
+            "simd": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]}
+
+
+def git_commit(root: Path = ROOT) -> str:
+    """HEAD of the checkout, '+dirty' when the working tree differs from it, '?' without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + ("+dirty" if dirty else "")
+
+
+def machine() -> dict:
+    mem = None
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    from freetoken import __version__
+    return {"cpu": cpu_info(), "cores": os.cpu_count(), "memory_bytes": mem,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "freetoken": __version__, "freetoken_commit": git_commit(),
+            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}

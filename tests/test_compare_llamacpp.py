@@ -1,0 +1,164 @@
+"""bench/compare_llamacpp.py without llama.cpp: arguments, prompts of exact length, the round
+order, the child timing, the converter shim, the session-file reader, and the table and JSON from
+fake measurements. The real run against a llama.cpp build is ``slow``."""
+import importlib.util
+import json
+import random
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from freetoken.demo import synth_tokenizer_dir
+
+_BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def cmp():
+    spec = importlib.util.spec_from_file_location("compare_llamacpp", _BENCH / "compare_llamacpp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)      # puts bench/ on sys.path for its helper modules
+    return mod
+
+
+def test_arguments(cmp):
+    a = cmp.parse_args([])
+    assert a.synth == "medium" and a.model is None and a.threads == 2 and a.rounds == 3
+    assert a.contexts == [64, 2048, 4096] and a.prefill == [512, 4096]
+    assert a.out.endswith("bench/results/compare_llamacpp.json")
+    b = cmp.parse_args(["--synth", "qwen3-30b-a3b,layers=12", "--contexts", "16,32", "--prefill", "8"])
+    assert b.synth == "qwen3-30b-a3b,layers=12" and b.contexts == [16, 32] and b.prefill == [8]
+    with pytest.raises(SystemExit):
+        cmp.parse_args(["--model", "/x", "--synth", "tiny"])
+
+
+def test_prompts_are_exactly_n_tokens(cmp):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(synth_tokenizer_dir() / "tokenizer.json"))
+    words = cmp.prompt_words(synth_tokenizer_dir())
+    rng = random.Random(3)
+    for n in (1, 32, 777):
+        a, b = cmp.make_prompt(words, n, rng), cmp.make_prompt(words, n, rng)
+        assert len(tok.encode(a).ids) == n and a != b
+
+
+class _Fake:
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def startup(self, text, tokens):
+        self.calls.append((self.name, "startup", text))
+        return {"first_byte_s": 7.0 if self.name == "freetoken" else 0.5, "max_rss_bytes": int(5e9)}
+
+    def decode(self, text, tokens, n):
+        self.calls.append((self.name, f"decode@{tokens}", text))
+        return {"tok_s": 90.0 if self.name == "freetoken" else 100.0}
+
+    def prefill(self, text, tokens):
+        self.calls.append((self.name, f"prefill@{tokens}", text))
+        return {"tok_s": 250.0 if self.name == "freetoken" else 500.0}
+
+
+def test_rounds_interleave_and_share_prompts(cmp):
+    calls = []
+    engines = [_Fake("freetoken", calls), _Fake("llama.cpp", calls)]
+    args = cmp.parse_args(["--contexts", "64", "--prefill", "512"])
+    samples = cmp.run_rounds(engines, cmp.plan(args), 2, [" a", " b"], random.Random(0))
+    assert [c[0] for c in calls[:2]] == ["freetoken", "llama.cpp"]
+    assert [c[0] for c in calls[6:8]] == ["llama.cpp", "freetoken"]      # round 2 swaps
+    assert all(calls[i][2] == calls[i + 1][2] for i in range(0, len(calls), 2))
+    assert calls[0][2] != calls[6][2]                                     # fresh prompts per round
+    assert set(samples) == {"startup", "decode@64", "prefill@512"}
+    assert len(samples["decode@64"]["llama.cpp"]) == 2
+
+
+def test_table_and_ratios(cmp):
+    samples = {"decode@64": {"freetoken": [{"tok_s": 90.0}, {"tok_s": 96.0}, {"tok_s": 93.0}],
+                             "llama.cpp": [{"tok_s": 100.0}, {"tok_s": 104.0}, {"tok_s": 102.0}]},
+               "prefill@512": {"freetoken": [{"tok_s": 250.0}], "llama.cpp": [{"tok_s": None, "note": "x"}]},
+               "startup": {"freetoken": [{"first_byte_s": 7.0, "max_rss_bytes": 5_000_000_000}],
+                           "llama.cpp": [{"first_byte_s": 0.5, "max_rss_bytes": 2_500_000_000}]}}
+    rows = {r["label"]: r for r in cmp.report.summarize(samples)}
+    decode = rows["decode tok/s, 64 tokens of context"]
+    assert decode["freetoken"]["median"] == 93.0 and decode["ratio"] == pytest.approx(93 / 102)
+    assert rows["prefill tok/s, 512-token prompt"]["ratio"] is None
+    assert rows["peak RSS of that run, GB"]["ratio"] == pytest.approx(2.0)
+    text = cmp.report.table(list(rows.values()), 2, 3)
+    assert "| decode tok/s, 64 tokens of context | 93.0 [90.0-96.0] | 102.0 [100.0-104.0] | 0.91 |" in text
+    assert "| peak RSS of that run, GB | 5.00 | 2.50 | 2.00 |" in text and ">= 1 FreeToken better" in text
+    check = {"tokens": 16, "identical_prefix": 16, "prompt_ids_equal": True, "prompt_ids": [1] * 32}
+    assert cmp.report.check_line(check).startswith("greedy check: same tokens; the first 16 of 16")
+
+
+def test_main_writes_json_from_fake_engines(cmp, tmp_path, monkeypatch):
+    calls = []
+    ft, lc = _Fake("freetoken", calls), _Fake("llama.cpp", calls)
+    ft.env, lc.record = {"NUMBA_NUM_THREADS": "2", "HOME": "x"}, {"build_commit": "abc"}
+    lc.lc = type("LC", (), {"info": {"commit": "abc"}, "bench": "b", "completion": "c"})()
+    ft.command = lambda text, n: ["python", "-m", "freetoken", "generate", "--prompt", text]
+    lc.gguf, lc.threads, lc.max_len = tmp_path / "m.gguf", 2, 4200
+    for e in (ft, lc):
+        e.greedy_ids = lambda text, n: ([5] * 32, [7] * n)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    monkeypatch.setattr(cmp, "setup", lambda args: ([ft, lc], synth_tokenizer_dir(), gguf, 4200))
+    out = tmp_path / "r.json"
+    assert cmp.main(["--rounds", "1", "--contexts", "64", "--prefill", "512", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu"]["model"] and data["llama_cpp"]["commit"] == "abc"
+    assert data["env"] == {"NUMBA_NUM_THREADS": "2"} and data["greedy_check"]["identical_prefix"] == 64
+    assert data["commands"]["llama-bench decode"][:3] == ["b", "-m", str(tmp_path / "m.gguf")]
+    assert data["flags"]["threads"] == 2 and {r["measure"] for r in data["rows"]} == {"startup", "decode@64", "prefill@512"}
+
+
+def test_child_timing(cmp):
+    from _child import run_child
+    code = "import time, sys; time.sleep(0.3); print('x', flush=True); b = bytearray(200 << 20); b[::4096] = b'y' * len(b[::4096])"
+    run = run_child([sys.executable, "-c", code])
+    assert run.returncode == 0 and run.stdout == "x\n"
+    assert 0.3 <= run.first_byte_s <= run.wall_s and run.max_rss_bytes > 200 << 20
+    failed = run_child([sys.executable, "-c", "import sys; sys.exit('nope')"])
+    with pytest.raises(RuntimeError, match="nope"):
+        failed.check("child")
+
+
+def test_converter_shim_falls_back_only_for_unknown_hashes(cmp, tmp_path):
+    import _llamacpp
+    fake = tmp_path / "convert_hf_to_gguf.py"
+    fake.write_text("import sys\nclass TextModel:\n    def get_vocab_base_pre(self, tok):\n"
+                    "        if tok == 'known':\n            return 'qwen2'\n        raise NotImplementedError\n"
+                    "def main():\n    print(TextModel().get_vocab_base_pre(sys.argv[1]))\n")
+    for tok, want in (("known", "qwen2"), ("ours", "gpt-2")):
+        out = subprocess.run([sys.executable, "-c", _llamacpp._SHIM, str(fake), "gpt-2", tok],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.strip() == want
+
+
+def test_session_file_reader(cmp, tmp_path):
+    import _llamacpp
+    path = tmp_path / "s.bin"
+    path.write_bytes(struct.pack("<III5i", _llamacpp.SESSION_MAGIC, 10, 5, 1, 2, 3, 4, 5) + b"state")
+    assert _llamacpp.session_tokens(path) == [1, 2, 3, 4, 5]
+    path.write_bytes(b"\0" * 16)
+    with pytest.raises(ValueError, match="session"):
+        _llamacpp.session_tokens(path)
+
+
+@pytest.mark.slow
+def test_real_run_on_tiny(cmp, tmp_path):
+    """Both engines end to end on synth:tiny against the cached llama.cpp build."""
+    import _llamacpp
+    from freetoken.env import home
+    built = [m.parent for m in (home() / "llama.cpp").glob("*/build.json")]
+    if not any(_llamacpp._found(b / "build", {}, _llamacpp._vendored(b)) for b in built):
+        pytest.skip(f"no llama.cpp build under {home() / 'llama.cpp'} (run the bench once to build it)")
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode:
+        pytest.skip("llama.cpp's converter needs torch in this python")
+    out = tmp_path / "r.json"
+    assert cmp.main(["--synth", "tiny", "--rounds", "1", "--contexts", "16", "--decode", "8",
+                     "--prefill", "32", "--check-tokens", "16", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert all(r["ratio"] for r in data["rows"]) and data["greedy_check"]["prompt_ids_equal"]
