@@ -97,8 +97,12 @@ def test_health_answers_while_a_30_mb_body_is_parsed(fake_server):
     sender.join()
     assert result["status"] == 404, result          # parsed to the end: the model name was read
     assert len(latencies) >= 10, (latencies, result)   # /health really ran during the parse
-    assert max(latencies) < 0.1, (f"/health took up to {max(latencies) * 1000:.0f} ms while a "
-                                  f"{len(body) >> 20} MB body took {result['seconds']:.1f} s")
+    # a parse that held the loop would stall one /health for the whole parse (1-2 s); a lone
+    # spike of a GC pass or a scheduler slice on a loaded 2-core box (183 ms seen in CI) is not that
+    p90 = sorted(latencies)[int(0.9 * (len(latencies) - 1))]
+    assert p90 < 0.1 and max(latencies) < min(0.5, result["seconds"] / 2), (
+        f"/health took up to {max(latencies) * 1000:.0f} ms (p90 {p90 * 1000:.0f} ms) while a "
+        f"{len(body) >> 20} MB body took {result['seconds']:.1f} s")
 
 
 def test_a_prompt_far_beyond_the_context_gets_its_exact_count(fake_server):
