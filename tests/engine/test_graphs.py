@@ -84,8 +84,9 @@ def demo():
 
 
 def _requests(B, rng, vocab):
-    return [SimpleNamespace(num_computed=0, slots=[], params=SamplingParams(), state_row=None,
-                            all_ids=rng.integers(0, vocab, 20 + 37 * b).tolist()) for b in range(B)]
+    from freetoken.engine.request import Request
+    return [Request(prompt_ids=rng.integers(0, vocab, 20 + 37 * b).tolist(), params=SamplingParams())
+            for b in range(B)]
 
 
 def _step(demo, reqs, counts):
@@ -111,7 +112,7 @@ def test_replay_equals_eager(demo, B):
     for _ in range(4):
         tokens = logits.get().argmax(axis=1)
         for r, t in zip(reqs, tokens):
-            r.all_ids.append(int(t))
+            r.output_ids.append(int(t))
         batch = _step(demo, reqs, [1] * B)
         eager = _eager(demo, batch).get()       # both write the new tokens' K/V: same values
         replay = demo.graphs.forward(batch)
@@ -128,7 +129,7 @@ def test_sizes_without_a_graph_run_eagerly(demo):
     reqs = _requests(MAX_BATCH + 1, rng, demo.cfg.vocab_size)
     _eager(demo, _step(demo, reqs, [len(r.all_ids) for r in reqs]))
     for r in reqs:
-        r.all_ids.append(1)
+        r.output_ids.append(1)
     batch = _step(demo, reqs, [1] * len(reqs))
     out = demo.graphs.forward(batch)
     assert all(out is not g.logits for g in demo.graphs.graphs.values())
