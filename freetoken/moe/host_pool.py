@@ -20,6 +20,10 @@ from freetoken.progress import progress
 from freetoken.cupy_loader import cupy as load_cupy
 
 PORTABLE, MAPPED = 1, 2        # cudaHostRegister / cudaHostAlloc flags (same values for both)
+# Host ranges this process registered, by address: (bytes, pools using it). Pools over the same
+# arrays (engines sharing one loaded model, a rebuilt runtime) share one registration: the
+# driver refuses a second one of a range (cudaErrorHostMemoryAlreadyRegistered).
+_registered: dict[int, list] = {}
 
 
 class HostPool:
@@ -121,8 +125,13 @@ def _pin(cupy, a: np.ndarray, in_place: bool, handles: list) -> np.ndarray:
         return a
     rt = cupy.cuda.runtime
     if in_place and _owns_writable_memory(a):
-        rt.hostRegister(a.ctypes.data, a.nbytes, PORTABLE | MAPPED)
-        handles.append(("registered", a.ctypes.data))
+        ptr = a.ctypes.data
+        held = _registered.get(ptr)
+        if held is None or held[0] != a.nbytes:
+            rt.hostRegister(ptr, a.nbytes, PORTABLE | MAPPED)
+            held = _registered[ptr] = [a.nbytes, 0]
+        held[1] += 1
+        handles.append(("registered", ptr))
         return a
     mem = cupy.cuda.PinnedMemory(a.nbytes, PORTABLE | MAPPED)
     handles.append(("allocated", mem))
@@ -137,6 +146,11 @@ def _release(handles) -> None:
     cupy = load_cupy()
     for kind, h in reversed(handles):
         if kind == "registered":
+            held = _registered.get(h)
+            if held is not None and held[1] > 1:
+                held[1] -= 1           # another pool still uses the registration
+                continue
+            _registered.pop(h, None)
             try:
                 cupy.cuda.runtime.hostUnregister(h)
             except Exception:          # already gone with the context: nothing left to undo

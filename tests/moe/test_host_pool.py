@@ -92,6 +92,23 @@ def test_in_place_and_copied_banks(monkeypatch, tmp_path):
     assert sorted(fake.unregistered) == sorted(fake.registered) and not pool.pinned
 
 
+def test_pools_over_the_same_arrays_share_one_registration(monkeypatch):
+    """Two engines over one loaded model pin the same arrays: the driver refuses a second
+    registration of a range, so the second pool reuses the first's, and the last close undoes it."""
+    fake = FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    banks = random_banks(np.random.default_rng(3), 2, E, H, I)
+    first, second = pin_host_pool(banks), pin_host_pool(banks)
+    assert first.pinned and second.pinned and len(fake.registered) == 4
+    first.close()
+    assert fake.unregistered == [] and second.pinned
+    second.close()
+    assert sorted(fake.unregistered) == sorted(fake.registered)
+    third = pin_host_pool(banks)                   # registered afresh after the last close
+    assert len(fake.registered) == 8
+    third.close()
+
+
 def test_failure_halfway_releases_what_was_pinned(monkeypatch):
     fake = FakeCupy(fail_after=3)
     monkeypatch.setitem(sys.modules, "cupy", fake)
