@@ -27,6 +27,7 @@ this is that split (on Python 3.11; another version's stdlib gives a near but di
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import sysconfig
 import time
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from freetoken.engine.llm import LLM                             # noqa: E402
 from freetoken.engine.request import SamplingParams              # noqa: E402
 from freetoken.moe.trace import RoutingRecorder                  # noqa: E402
+import agent_corpus as corpus                                   # noqa: E402
 from agent_corpus import held_out_stdlib                        # noqa: E402
 
 FOLLOW_UPS = ("Write Python code.", "Write more Python code.", "Now write a class.",
@@ -137,9 +139,6 @@ def record_chats(chats: int, turns: int, reply_tokens: int, seed: int, model) ->
 
 def record_agents(sessions: int, reply_tokens: int, seed: int, model) -> tuple:
     """Agent sessions: the model's sampled reply at every assistant turn, the corpus's turn kept."""
-    import random
-
-    import agent_corpus as corpus
     llm, tap = engine(model=model)
     rng = random.Random(AGENT_SEED + seed)
     files, hs = corpus.Files(rng, corpus.stdlib_files()), corpus.harnesses()

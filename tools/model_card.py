@@ -59,14 +59,16 @@ def _architecture(cfg: dict) -> list[str]:
             f"expert (width {cfg['shared_expert_intermediate_size']}); {common}"]
 
 
-def _hybrid_init(cfg: dict, a: dict) -> list[str]:
+def _hybrid_init(cfg: dict, a: dict, log: list) -> list[str]:
     if "layer_types" not in cfg:
         return []
+    under = next((r["step"] for r in log if r["loss"] < 2), None)
     return [f"Started from `{Path(a['init']).name}` (tools/hybrid_init.py): its embedding, output head, router, "
             "routed experts, norms and attention weights (layer 3) were copied; the Gated DeltaNet layers, the "
             "attention output gate and the shared expert started so as to add nothing (zero output projections) and "
             "were learned. Copied as they are, the routed experts lose their meaning without the attention of layers "
-            "0-2 (loss 9.7 at step 1 against 0.28 for the donor); the first 100 steps bring it under 2.", ""]
+            f"0-2 (loss {log[0]['loss']} at step 1)" + (f"; the loss is under 2 from step {under}." if under else "."),
+            ""]
 
 
 def write_card(model_dir: Path, ev: dict) -> None:
@@ -97,7 +99,7 @@ def write_card(model_dir: Path, ev: dict) -> None:
              f"{log['steps']} steps, {log['tokens']:,} tokens, {log['minutes']} minutes on 2 CPU cores (torch "
              f"{a.get('torch', '2.13.0')}, CPU). Loss on the assistant's tokens (all tokens of code documents): "
              f"{losses[0]} at step 1, {losses[len(losses) // 2]} half way, {losses[-1]} at the end.", "",
-             *_hybrid_init(cfg, a), *_stage1(model_dir),
+             *_hybrid_init(cfg, a, log['log']), *_stage1(model_dir),
              "## Held-out numbers (tools/eval_demo.py, through FreeToken's CPU path)", "",
              f"Mean negative log-likelihood: {ev['heldout_loss_agent']} nats per assistant token of held-out "
              f"conversations (a seed training never drew), {ev['heldout_loss_code']} per token of held-out code (15 "

@@ -51,7 +51,8 @@ def slot_row(req, n: int) -> np.ndarray:
     done = min(done, n)
     if row is None or row.shape[0] < n:
         grown = np.empty(max(n, 2 * (0 if row is None else row.shape[0]), 64), np.int32)
-        grown[:done] = row[:done] if done else 0
+        if done:
+            grown[:done] = row[:done]
         row = grown
     row[done:n] = req.slots[done:n]
     req.slot_row, req.slot_row_len, req.slot_row_of = row, n, req.slots
