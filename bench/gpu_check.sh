@@ -68,14 +68,14 @@ run_step() {
   ROWS+=("$(printf '%-24s %-8s %5s  %s' "$name" "$status" "$((SECONDS - t0))" "$note")")
 }
 
-# starlette/hypercorn/jinja2 from bench/wheels/ (bench/make_wheelhouse.sh; carry that folder) when
+# starlette/hypercorn/jinja2/threadpoolctl from bench/wheels/ (bench/make_wheelhouse.sh; carry that folder) when
 # the environment lacks them: into the environment, else into a folder on PYTHONPATH.
 install_wheels() {
-  "$PY" -c "import starlette, hypercorn, jinja2" >/dev/null 2>&1 && return 0
+  "$PY" -c "import starlette, hypercorn, jinja2, threadpoolctl" >/dev/null 2>&1 && return 0
   ls bench/wheels/*.whl >/dev/null 2>&1 || return 1
-  "$PY" -m pip install -q --no-index --find-links bench/wheels starlette hypercorn jinja2 && return 0
+  "$PY" -m pip install -q --no-index --find-links bench/wheels starlette hypercorn jinja2 threadpoolctl && return 0
   "$PY" -m pip install -q --no-index --find-links bench/wheels --target "$TMP/site" \
-    starlette hypercorn jinja2 || return 1
+    starlette hypercorn jinja2 threadpoolctl || return 1
   export PYTHONPATH=$TMP/site${PYTHONPATH:+:$PYTHONPATH}
 }
 

@@ -10,6 +10,9 @@ import numpy as np
 from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._numba import HOT, axpy, dot, njit, prange, split_x, weight_rows
 from freetoken.cupy_loader import cupy as load_cupy
+from freetoken.kernels import attention_tiles
+
+TILED_MIN = 32   # query tokens of one sequence in a step from which tiled GEMMs beat the kernel
 
 
 def ref(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
@@ -77,8 +80,16 @@ def _check(q, k_cache, slot_table, tok_seq, tok_pos):
             raise IndexError(f"attention: sequence {s} reads a slot outside [0, {N})")
 
 
+def _by_path(tok_seq):
+    """Step tokens of sequences with >= TILED_MIN of them (prefill) and the rest (decode)."""
+    counts = np.bincount(tok_seq)
+    tiled = counts[tok_seq] >= TILED_MIN
+    return np.flatnonzero(tiled), np.flatnonzero(~tiled)
+
+
 def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
-    """Same contract as ``ref``."""
+    """Same contract as ``ref``: tiled GEMMs (attention_tiles) for the tokens of a sequence
+    with many in the step, the numba kernel for the rest."""
     q = np.ascontiguousarray(q, np.float32)
     slot_table = np.ascontiguousarray(slot_table, np.int32)
     tok_seq = np.ascontiguousarray(tok_seq, np.int32)
@@ -86,10 +97,21 @@ def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
     _check(q, k_cache, slot_table, tok_seq, tok_pos)
     if out is None:
         out = np.empty(q.shape, np.float32)
-    k_rows, v_rows = weight_rows(k_cache), weight_rows(v_cache)
-    assert k_rows.dtype == v_rows.dtype, "k and v caches must share a dtype"
-    _attention(split_x(q, k_rows), k_rows, v_rows, slot_table, tok_seq, tok_pos,
-               np.float32(scale), out)
+    if q.shape[0] == 0:
+        return out
+    tiled, rest = _by_path(tok_seq)
+    if tiled.size:
+        attention_tiles.prefill(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out,
+                                tiled)
+    if rest.size:
+        k_rows, v_rows = weight_rows(k_cache), weight_rows(v_cache)
+        assert k_rows.dtype == v_rows.dtype, "k and v caches must share a dtype"
+        part = out if rest.size == q.shape[0] else np.empty((rest.size,) + q.shape[1:], np.float32)
+        sub = (lambda a: a) if part is out else (lambda a: np.ascontiguousarray(a[rest]))
+        _attention(split_x(sub(q), k_rows), k_rows, v_rows, slot_table, sub(tok_seq),
+                   sub(tok_pos), np.float32(scale), part)
+        if part is not out:
+            out[rest] = part
     return out
 
 

@@ -3,6 +3,7 @@ tests/kernels/test_linear.py, bench/kernels/experts_cpu.py (its linear rows)."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
+from freetoken.kernels._blas_pool import run_items, workers
 from freetoken.kernels._numba import (HOT, SERIAL, dot, dots, from_bits, njit, prange, split_x,
                                       weight_rows)
 
@@ -116,16 +117,22 @@ def widen_rows(w, buf):
 
 
 def _blas(x, w, out):
-    """Many tokens: widen a block of weight rows to fp32 at a time and let BLAS multiply."""
+    """Many tokens: blocks of weight rows, one per pool thread at a time, each widened to fp32
+    (at most BLOCK_BYTES, so it stays in cache) and multiplied by a single-threaded BLAS call.
+    At least two blocks per thread, so a thread that started late still gets its share."""
     M, K = w.shape
-    if w.dtype == np.float32:
-        np.matmul(x, w.T, out=out)
-        return out
-    rows = max(1, min(M, BLOCK_BYTES // (4 * K)))
-    buf = np.empty((rows, K), np.float32)
-    for m0 in range(0, M, rows):
+    rows = min(BLOCK_BYTES // (4 * K), -(-M // (2 * workers())))
+    rows = max(16, -(-rows // 16) * 16)
+
+    def scratch():
+        return None if w.dtype == np.float32 else np.empty((rows, K), np.float32)
+
+    def block(m0, buf):
         m1 = min(M, m0 + rows)
-        out[:, m0:m1] = x @ widen_rows(w[m0:m1], buf[:m1 - m0]).T
+        wf = w[m0:m1] if buf is None else widen_rows(w[m0:m1], buf[:m1 - m0])
+        np.matmul(x, wf.T, out=out[:, m0:m1])
+
+    run_items(range(0, M, rows), block, scratch)
     return out
 
 

@@ -84,3 +84,45 @@ def test_bad_slot_raises():
     with pytest.raises(IndexError):
         attention.cpu(q, k_cache, k_cache, table, np.zeros(1, np.int32), np.array([2], np.int32),
                       1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("Hq,G,D", [(8, 2, 64), (6, 3, 32)])
+def test_tiled_prefill_matches_ref(Hq, G, D, dtype):
+    """The tiled path (attention_tiles): a whole 700-token prefill (several query tiles and key
+    blocks, a causal mask inside blocks), a 150-token chunk over a cached 600-token prefix, and
+    a 40-token chunk and two decode tokens in the same step, all interleaved."""
+    rng = np.random.default_rng(D * G)
+    lengths, chunks = [700, 750, 90, 900, 5], [700, 150, 40, 1, 1]
+    N = sum(lengths) + 7
+    k_cache, v_cache = kv_pool(rng, N, G, D, dtype)
+    perm = rng.permutation(N).astype(np.int32)
+    table = np.full((len(lengths), max(lengths) + 2), -1, np.int32)
+    seq, pos, start = [], [], 0
+    for s, (n, c) in enumerate(zip(lengths, chunks)):
+        table[s, :n] = perm[start:start + n]
+        start += n
+        seq += [s] * c
+        pos += range(n - c, n)
+    order = rng.permutation(len(seq))
+    seq, pos = np.array(seq, np.int32)[order], np.array(pos, np.int32)[order]
+    assert set(attention._by_path(seq)[1].tolist()) == set(np.flatnonzero(seq >= 3).tolist())
+    q = rng.standard_normal((seq.shape[0], Hq, D)).astype(np.float32) * 2
+    args = (q, k_cache, v_cache, table, seq, pos, 1.0 / np.sqrt(D))
+    assert_close(f"tiled attention Hq{Hq} G{G} D{D}", attention.ref(*args), attention.cpu(*args),
+                 atol=2e-5, rtol=1e-4)
+
+
+def test_tiled_softmax_keeps_a_dominant_score():
+    """Scores far apart (a key that takes nearly all the weight, found in a late key block):
+    the running max must rescale what earlier blocks added, not overflow or lose it."""
+    rng = np.random.default_rng(4)
+    T, G, D = 600, 1, 16
+    k = rng.standard_normal((T, G, D)).astype(np.float32)
+    v = rng.standard_normal((T, G, D)).astype(np.float32)
+    q = np.repeat(k[None, 560, :, :] * 8, T, axis=0)             # every query points at key 560
+    args = (q, k, v, np.arange(T, dtype=np.int32)[None], np.zeros(T, np.int32),
+            np.arange(T, dtype=np.int32), 1.0)
+    got = attention.cpu(*args)
+    assert_close("tiled attention, one dominant key", attention.ref(*args), got, 2e-5, 1e-4)
+    np.testing.assert_allclose(got[580, 0], v[560, 0], atol=1e-3)
