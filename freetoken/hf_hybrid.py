@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.config import ModelConfig
-from freetoken.progress import progress
-from freetoken.weights import Checkpoint, ModelWeights, _dense_banks, _expert_banks, _load, _row_slices
+from freetoken.weights import (Checkpoint, ModelWeights, _dense_banks, _expert_banks, _load, _row_slices,
+                               load_layers)
 from freetoken.weights_hybrid import HybridLayerWeights
 
 F32 = np.dtype(np.float32)
@@ -29,7 +29,7 @@ def load_hybrid(ck: Checkpoint, cfg: ModelConfig, dtype: np.dtype, log=None) -> 
     V, H = cfg.vocab_size, cfg.hidden_size
     embed = _load(ck, "model.embed_tokens.weight", (V, H), dtype)
     lm_head = embed if cfg.tie_word_embeddings else _load(ck, "lm_head.weight", (V, H), dtype)
-    layers = tuple(_layer(ck, cfg, i, dtype) for i in progress(range(cfg.num_layers), cfg.num_layers, "loading layers"))
+    layers = load_layers(lambda i: _layer(ck, cfg, i, dtype), cfg.num_layers)
     return ModelWeights(embed=embed, final_norm=_norm(ck, "model.norm.weight", H), lm_head=lm_head, layers=layers)
 
 

@@ -287,3 +287,31 @@ def test_a_truncated_file_is_a_clear_error(tmp_path):
         fh.truncate(fh.seek(0, 2) - 100)
     with pytest.raises(WeightsError, match="ended 100 bytes early"):
         f.get("x")
+
+
+@pytest.mark.parametrize("scatter", [True, False])
+def test_read_many_fills_each_array_from_adjacent_runs(tmp_path, monkeypatch, scatter):
+    """Tensors adjacent in the file go in one scattered read (or, without os.preadv, one read
+    each), in any order asked, into slices of one bank; one stored as F32 for a bf16 bank comes
+    back as left over, for the caller to convert."""
+    from freetoken import safetensors_io
+    monkeypatch.setattr(safetensors_io, "_SCATTER", scatter)
+    rng = np.random.default_rng(3)
+    tensors = {f"e.{i}.w": rng.integers(0, 1 << 16, (4 + i, 6)).astype(np.uint16) for i in range(5)}
+    tensors["e.9.f32"] = rng.standard_normal((2, 6)).astype(np.float32)
+    save_safetensors(tmp_path / "model.safetensors", tensors)
+    ck = Checkpoint(tmp_path)
+    bank = np.zeros((sum(4 + i for i in range(5)) + 2, 6), np.uint16)
+    rows, at, items = {}, 0, []
+    for i in (3, 0, 4, 1, 2):
+        rows[i] = slice(at, at + 4 + i)
+        items.append((f"e.{i}.w", (4 + i, 6), bank[rows[i]]))
+        at += 4 + i
+    items.append(("e.9.f32", (2, 6), bank[at:]))
+    left = ck.read_many(items)
+    assert [name for name, _, _ in left] == ["e.9.f32"]
+    for i, r in rows.items():
+        np.testing.assert_array_equal(bank[r], tensors[f"e.{i}.w"])
+    assert not bank[at:].any()
+    with pytest.raises(WeightsError, match="wrong shape"):
+        ck.read_many([("e.0.w", (5, 6), bank[:5])])

@@ -30,8 +30,8 @@ def test_a_compile_is_counted_logged_drawn_and_remembered(tmp_path, monkeypatch,
     monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))
     kernel, tty = _fresh_kernel(), Tty()
     monkeypatch.setattr(sys, "stderr", tty)
-    log = logging.getLogger("freetoken.test")
-    with caplog.at_level(logging.INFO, logger="freetoken.test"):
+    log = logging.getLogger("compile-watch-test")
+    with caplog.at_level(logging.INFO, logger="compile-watch-test"):
         with compile_watch.watch_compiles(log, "test/kind") as progress:
             assert kernel(np.float32(2)) == 4
     assert progress.done >= 1 and "twice" in progress.current
@@ -47,8 +47,8 @@ def test_nothing_compiled_means_nothing_said_and_nothing_recorded(tmp_path, monk
     monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))
     kernel = _fresh_kernel()
     kernel(np.float32(1))                                      # compiled before the block
-    with caplog.at_level(logging.INFO, logger="freetoken.test"):
-        with compile_watch.watch_compiles(logging.getLogger("freetoken.test"), "test/kind") as progress:
+    with caplog.at_level(logging.INFO, logger="compile-watch-test"):
+        with compile_watch.watch_compiles(logging.getLogger("compile-watch-test"), "test/kind") as progress:
             kernel(np.float32(3))
     assert progress.done == 0 and not caplog.records
     assert not (tmp_path / "compile_counts.json").exists()
