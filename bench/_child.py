@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -88,3 +90,15 @@ def read_through(paths) -> int:
             while chunk := f.read(1 << 24):
                 total += len(chunk)
     return total
+
+
+@contextmanager
+def busy_core():
+    """Another tenant of a shared box for the duration: one process spinning on a core."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)                        # it is running before the measured run starts
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait()

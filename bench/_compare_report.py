@@ -11,6 +11,9 @@ HIGHER, LOWER = "higher", "lower"       # which ratio side is FreeToken's win
 def rows_for(key: str) -> list[tuple[str, str, str, float]]:
     """(metric, label, better, scale) of the rows one measure key produces."""
     kind, _, n = key.partition("@")
+    if kind == "decode" and n.endswith("+hog"):
+        return [("tok_s", f"decode tok/s, {int(n[:-4]):,} tokens of context, one core kept busy by "
+                          "another process", HIGHER, 1.0)]
     if kind == "decode":
         return [("tok_s", f"decode tok/s, {int(n):,} tokens of context", HIGHER, 1.0)]
     if kind == "prefill":

@@ -4,7 +4,7 @@ lines), bench/_child.py (timing), bench/_compare_report.py (table), freetoken/mo
 
     python bench/compare_llamacpp.py [--model DIR | --synth medium] [--llama-cpp BUILD_DIR]
         [--convert-python PY] [--threads 2] [--rounds 3] [--contexts 64,2048,4096] [--decode 64]
-        [--prefill 512,4096] [--out bench/results/compare_llamacpp.json]
+        [--prefill 512,4096] [--hog-contexts 64] [--out bench/results/compare_llamacpp.json]
 
 Model: a HF Qwen3-MoE directory, or synth:SPEC written once as one (``demo-model --synth``) under
 FREETOKEN_HOME/compare_llamacpp/. llama.cpp: --llama-cpp, else the source vendored in the
@@ -27,6 +27,8 @@ a prefix-cache hit; llama.cpp runs llama-bench (-r 1, its own random tokens) and
       32-token prompt, warm page cache (the engine's model files are read just before); a first
       token that decodes to no text (random models emit padding ids) moves it by a decode step.
   peak RSS: ru_maxrss (wait4) of that start-up process: loading plus a short decode.
+  decode tok/s on a shared box (--hog-contexts): the decode run again while another process keeps
+      one core busy (`while True: pass`), started just before the run and killed after it.
 
 Ratios are FreeToken / llama.cpp: >= 1 is FreeToken better for tok/s, <= 1 for RSS and start-up.
 Before the rounds both engines continue one prompt greedily for --check-tokens tokens; the report
@@ -50,7 +52,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import _compare_report as report                       # noqa: E402
 import _llamacpp as llamacpp                           # noqa: E402
-from _child import run_env                             # noqa: E402
+from _child import busy_core, run_env                  # noqa: E402
 from _engines import STARTUP_DECODE, FreeTokenRuns, LlamaCppRuns   # noqa: E402
 from _machine import machine                           # noqa: E402
 from freetoken.env import home                         # noqa: E402
@@ -70,6 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--contexts", type=_ints, default=[64, 2048, 4096], help="decode context depths, comma list")
     ap.add_argument("--decode", type=int, default=64, help="tokens generated per decode run")
     ap.add_argument("--prefill", type=_ints, default=[512, 4096], help="prefill prompt lengths, comma list")
+    ap.add_argument("--hog-contexts", type=_ints, default=[64],
+                    help="decode depths measured again with another process spinning on one core (a shared box)")
     ap.add_argument("--check-tokens", type=int, default=64, help="greedy ids compared between the engines (0: skip)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel jobs of the llama.cpp build")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
@@ -130,7 +134,14 @@ def plan(args) -> list[tuple[str, int, object]]:
     steps = [("startup", STARTUP_TOKENS, lambda e, t: e.startup(t, STARTUP_TOKENS))]
     steps += [(f"decode@{c}", c, lambda e, t, c=c: e.decode(t, c, args.decode)) for c in args.contexts]
     steps += [(f"prefill@{p}", p, lambda e, t, p=p: e.prefill(t, p)) for p in args.prefill]
+    steps += [(f"decode@{c}+hog", c, lambda e, t, c=c: _hogged(e.decode, t, c, args.decode))
+              for c in args.hog_contexts]
     return steps
+
+
+def _hogged(run, *a):
+    with busy_core():
+        return run(*a)
 
 
 def run_rounds(engines, steps, rounds: int, words, rng, after_round=lambda samples, done: None) -> dict:

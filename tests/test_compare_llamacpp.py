@@ -1,6 +1,7 @@
 """bench/compare_llamacpp.py without llama.cpp: arguments, prompts of exact length, the round
 order, the child timing, the converter shim, the session-file reader, and the table and JSON from
 fake measurements. The real run against a llama.cpp build is ``slow``."""
+import contextlib
 import importlib.util
 import json
 import random
@@ -62,17 +63,32 @@ class _Fake:
         return {"tok_s": 250.0 if self.name == "freetoken" else 500.0}
 
 
-def test_rounds_interleave_and_share_prompts(cmp):
-    calls = []
+def test_rounds_interleave_and_share_prompts(cmp, monkeypatch):
+    calls, hogged = [], []
+
+    @contextlib.contextmanager
+    def fake_busy_core():
+        hogged.append(len(calls))
+        yield
+
+    monkeypatch.setattr(cmp, "busy_core", fake_busy_core)
     engines = [_Fake("freetoken", calls), _Fake("llama.cpp", calls)]
-    args = cmp.parse_args(["--contexts", "64", "--prefill", "512"])
+    args = cmp.parse_args(["--contexts", "64", "--prefill", "512", "--hog-contexts", "32"])
     samples = cmp.run_rounds(engines, cmp.plan(args), 2, [" a", " b"], random.Random(0))
     assert [c[0] for c in calls[:2]] == ["freetoken", "llama.cpp"]
-    assert [c[0] for c in calls[6:8]] == ["llama.cpp", "freetoken"]      # round 2 swaps
+    assert [c[0] for c in calls[8:10]] == ["llama.cpp", "freetoken"]     # round 2 swaps
     assert all(calls[i][2] == calls[i + 1][2] for i in range(0, len(calls), 2))
-    assert calls[0][2] != calls[6][2]                                     # fresh prompts per round
-    assert set(samples) == {"startup", "decode@64", "prefill@512"}
+    assert calls[0][2] != calls[8][2]                                     # fresh prompts per round
+    assert set(samples) == {"startup", "decode@64", "prefill@512", "decode@32+hog"}
     assert len(samples["decode@64"]["llama.cpp"]) == 2
+    assert hogged == [6, 7, 14, 15] and calls[6][1] == "decode@32"        # only the hog runs, each
+
+
+def test_busy_core_runs_a_spinning_process_only_inside(cmp):
+    import _child
+    with _child.busy_core() as hog:
+        assert hog.poll() is None
+    assert hog.poll() is not None
 
 
 def test_table_and_ratios(cmp):
@@ -106,7 +122,8 @@ def test_main_writes_json_from_fake_engines(cmp, tmp_path, monkeypatch):
     gguf.write_bytes(b"x")
     monkeypatch.setattr(cmp, "setup", lambda args: ([ft, lc], synth_tokenizer_dir(), gguf, 4200))
     out = tmp_path / "r.json"
-    assert cmp.main(["--rounds", "1", "--contexts", "64", "--prefill", "512", "--out", str(out)]) == 0
+    assert cmp.main(["--rounds", "1", "--contexts", "64", "--prefill", "512", "--hog-contexts", "",
+                     "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["machine"]["cpu"]["model"] and data["llama_cpp"]["commit"] == "abc"
     assert data["env"] == {"NUMBA_NUM_THREADS": "2"} and data["greedy_check"]["identical_prefix"] == 64

@@ -80,7 +80,7 @@ PRESETS: dict[str, SynthShape] = {
                                 heads=32, kv_heads=4, head_dim=128, vocab=151936,
                                 max_positions=40960),
 }
-OPTIONS = ("layers", "seed", "embed_scale", "qk_scale")
+OPTIONS = ("layers", "seed", "embed_scale", "qk_scale", "positions")
 
 # bf16 bit trick: keep the sign (0x8000), 2 exponent bits (0x0180) and the mantissa (0x007F) of a
 # random word, then add the base exponent (field 119 -> |w| in [2^-8, 2^-4)).
@@ -89,15 +89,15 @@ _BASE_EXP = 119
 
 
 def parse_spec(spec: str) -> tuple[str, SynthShape, int]:
-    """'NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X]' -> (name, shape, seed);
-    ConfigError when bad."""
+    """'NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X][,positions=P]' -> (name, shape,
+    seed); ConfigError when bad. positions sets max_position_embeddings (long-context runs)."""
     from freetoken.models.synth_hybrid import PRESETS as HYBRID
     parts = [p.strip() for p in spec.split(",")]
     name = parts[0]
     presets = {**PRESETS, **HYBRID}
     if name not in presets:
         raise ConfigError(f"unknown synthetic model {name!r}; presets: {', '.join(presets)} "
-                          f"(spec: synth:NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X])")
+                          f"(spec: synth:NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X][,positions=P])")
     shape, seed = presets[name], 0
     for part in parts[1:]:
         key, eq, value = part.partition("=")
@@ -109,10 +109,10 @@ def parse_spec(spec: str) -> tuple[str, SynthShape, int]:
             num = float(value) if key.endswith("_scale") else int(value)
         except ValueError:
             raise ConfigError(f"synth:{spec}: {key} must be a number, got {value!r}") from None
-        if key == "layers":
+        if key in ("layers", "positions"):
             if num < 1:
-                raise ConfigError(f"synth:{spec}: layers must be >= 1, got {num}")
-            shape = replace(shape, layers=num)
+                raise ConfigError(f"synth:{spec}: {key} must be >= 1, got {num}")
+            shape = replace(shape, **{"layers" if key == "layers" else "max_positions": num})
         elif key == "seed":
             seed = num
         else:

@@ -62,11 +62,14 @@ def test_layers_and_knob_overrides():
     _, big = synth_model("tiny,embed_scale=64,qk_scale=3", None)
     assert to_f32(big.embed).std() == pytest.approx(8 * to_f32(base.embed).std(), rel=1e-6)
     assert to_f32(big.layers[0].q_norm).mean() > 1.3 * to_f32(base.layers[0].q_norm).mean()
+    cfg, _ = synth_model("tiny,positions=9000", None)           # long-context runs
+    assert cfg.max_position_embeddings == 9000
 
 
 @pytest.mark.parametrize("spec, match", [
     ("nope", "presets: tiny, medium, qwen3-30b-a3b"),
     ("tiny,layers=0", "layers must be >= 1"),
+    ("tiny,positions=0", "positions must be >= 1"),
     ("tiny,layers=two", "layers must be a number"),
     ("tiny,depth=3", "bad option"),
     ("tiny,layers", "bad option"),
