@@ -1,6 +1,9 @@
 """What a benchmark's JSON says about the machine and the code it ran: CPU model (/proc/cpuinfo),
-cores, memory, date, versions and this checkout's commit. Used by bench/compare_llamacpp.py; the
-older benches still read /proc/cpuinfo each on their own."""
+cores, memory, date, versions and this checkout's commit. The one place bench/ reads /proc/cpuinfo:
+bench/compare_llamacpp.py records machine(); agent_edits, checkpoint_cost, decode_constrained,
+decode_cpu, decode_sampling, grammar_mask and policy_decisions take the model string from
+cpu_info(). Imports only the stdlib at load time (grammar_mask runs in a venv without freetoken).
+freetoken/commands/bench.py keeps its own reader: the package cannot import bench/."""
 from __future__ import annotations
 
 import os

@@ -82,7 +82,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the checkout's freetoken; bench/ also when imported
+
+from _machine import cpu_info  # noqa: E402
 
 EDITS = ("strip-thinking", "placeholder", "elide", "none")
 DEFAULT_EDITS = EDITS + ("placeholder:4",)   # + a wider window: see docs/performance.md
@@ -447,7 +449,6 @@ def png_plot(rows: list[dict], names: list[str], path: Path) -> bool:
 # --- main -------------------------------------------------------------------------------------
 
 def machine() -> dict:
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     try:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
@@ -455,8 +456,8 @@ def machine() -> dict:
                                      "freetoken"], capture_output=True, text=True).stdout.strip())
     except OSError:
         commit, dirty = "?", False
-    return {"cpu": cpu, "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-            "commit": commit, "engine_dirty": dirty}
+    return {"cpu": cpu_info()["model"], "cores": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit, "engine_dirty": dirty}
 
 
 def main(argv=None) -> None:

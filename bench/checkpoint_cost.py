@@ -32,7 +32,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # see bench/agent_edits.py:
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the checkout's freetoken; bench/ also when imported
+
+from _machine import cpu_info  # noqa: E402
 
 
 def median_range(xs) -> dict:
@@ -120,7 +122,7 @@ def main(argv=None) -> None:
     base = LLM(model=args.model, backend=args.backend, state_checkpoint_mb=0, max_running_requests=1)
     ops, small = base.core.ops, base.core.model_config
     real = ModelConfig.from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = cpu_info()["model"]
     print(f"# {cpu}, {os.cpu_count()} cores, backend {args.backend}, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
     copies = {"qwen3.6-35b-a3b (40 layers)": copy_costs(real, ops, args.repeats),
               args.model: copy_costs(small, ops, args.repeats)}

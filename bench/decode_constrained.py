@@ -16,8 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # bench/ also when imported, not run
+
+from _machine import cpu_info  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
                                            "body": {"type": "string", "minLength": 2000},
@@ -69,9 +74,8 @@ def main() -> None:
     for r in rows:
         print(f"| {r['batch']} | {r['constraint']} | {r['decode_tok_s']} | {r['ms_per_step']} | "
               f"{r['decode_tok_s'] / base[r['batch']]:.3f} |")
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    result = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
-              "model": f"{demo.DEMO_NAME} (demo)", "schema": SCHEMA, "rows": rows}
+    result = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu_info()["model"],
+              "cores": os.cpu_count(), "model": f"{demo.DEMO_NAME} (demo)", "schema": SCHEMA, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))

@@ -38,8 +38,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the checkout's freetoken; bench/ also when imported
 
+from _machine import cpu_info                                 # noqa: E402
 from freetoken import LLM, SamplingParams                     # noqa: E402
 from freetoken.backend import OP_NAMES                         # noqa: E402
 from freetoken.kernels._membw import measure_read_bandwidth    # noqa: E402
@@ -207,15 +208,7 @@ def print_profile(name, prof):
 # --- main -------------------------------------------------------------------------------------
 
 def machine() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return dict(cpu=cpu, cores=os.cpu_count(), python=platform.python_version(),
+    return dict(cpu=cpu_info()["model"], cores=os.cpu_count(), python=platform.python_version(),
                 numpy=np.__version__, numba=load_numba().__version__,
                 date=time.strftime("%Y-%m-%d %H:%M"))
 

@@ -41,12 +41,17 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))   # bench/ also when imported, not run
+
+from _machine import cpu_info  # noqa: E402
+
 LARGE = "synth:qwen3-30b-a3b,layers=1"
 DECODE_PROMPT = 6   # batch 4 x 6 < linear.BLAS_MIN_T: the decode rows never call BLAS (see above)
 VARIANTS = ("plain", "logprobs=5", "logprobs=20", "penalties", "logprobs=20+penalties")
@@ -210,9 +215,8 @@ def main() -> None:
     for r in sampler:
         print(f"| {r['model']} | {r['batch']} | {r['sampling']} | {r['sample_us']} | "
               f"{r['pct_of_plain_step']} |")
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    result = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
-              "threads": threads, "load_avg_start_end": [load0, os.getloadavg()[0]],
+    result = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu_info()["model"],
+              "cores": os.cpu_count(), "threads": threads, "load_avg_start_end": [load0, os.getloadavg()[0]],
               "models": [m for m, _ in models], "load_s": loads,
               "moe_backend": args.moe_backend, "decode_prompt_tokens": DECODE_PROMPT,
               "tokens": args.tokens, "repeats": args.repeats,

@@ -60,6 +60,11 @@ for _v in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM
     os.environ.setdefault(_v, "1" if _v != "TOKENIZERS_PARALLELISM" else "false")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))   # bench/ also when imported, not run
+
+# _machine needs only the stdlib, so this runs in a venv without freetoken (see above)
+from _machine import cpu_info  # noqa: E402
+
 DEMO_DIR = ROOT / "freetoken" / "data" / "tiny-agent-moe"   # tiny-coder-moe's vocabulary
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "freetoken" / "bench"
 ENGINES = {"llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines_core"}
@@ -595,9 +600,7 @@ def main():
     steps = [float(s) for s in args.step_ms.split(",") if s]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     toks = [tokenizer_spec(t.strip(), args.big_tokenizer) for t in args.tokenizers.split(",")]
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                if ln.startswith("model name")), platform.processor()) \
-        if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = cpu_info()["model"]
     print(f"machine: {cpu}, {os.cpu_count()} cpus, Python {platform.python_version()}; 1 thread")
 
     results, feet = [], {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]                     # run from a checkout
 
 import split_model                                               # noqa: E402
+from _machine import cpu_info                                    # noqa: E402
 from freetoken.moe.residency import SlotCache                    # noqa: E402
 from freetoken.moe.split import FetchPolicy, fetch_count, frac_q16   # noqa: E402
 from freetoken.moe.trace import load_trace, shared_consecutive, synthetic_trace  # noqa: E402
@@ -283,15 +285,13 @@ def main(argv=None):
 
 def measure_here(args):
     """n_c from the CPU experts kernel (qwen3-30b-a3b expert shape) and B_H (demo expert shape)."""
-    info = Path("/proc/cpuinfo").read_text().splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
-    out = {"cpu": model, "cores": sum(ln.startswith("processor") for ln in info)}
+    out = {"cpu": cpu_info()["model"], "cores": os.cpu_count()}
     curve = None if args.n_c else measure_cpu_curve(2048, 768, 8, [1, 2, 4, 8, 12, 16, 32, 64], 384, 12)
     bh = ({"b_h_gbs": args.b_h, "expert_bytes": 6 * 256 * 128} if args.b_h
           else split_model.measure_b_h(256, 128, 4, 384, 48, 0))
     out.update(cpu_curve=curve, n_c=args.n_c or fit_nc(curve), b_h_demo_gbs=bh["b_h_gbs"],
                demo_expert_bytes=bh["expert_bytes"], unit_us=bh["expert_bytes"] / bh["b_h_gbs"] / 1e3)
-    print(f"{model}, {out['cores']} cores: n_c {out['n_c']:.2f} tokens/expert (curve {curve}); "
+    print(f"{out['cpu']}, {out['cores']} cores: n_c {out['n_c']:.2f} tokens/expert (curve {curve}); "
           f"B_H {out['b_h_demo_gbs']:.2f} GB/s at the demo expert shape: 1 unit = {out['unit_us']:.1f} us")
     return out
 

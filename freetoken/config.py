@@ -228,6 +228,9 @@ class EngineConfig:
         False, "prefill: load each MoE layer in turn instead of streaming layer l+1 while layer l "
         "computes (overlap needs >= 2E expert slots)")
     disable_cuda_graph: bool = _flag(False, "run decode eagerly instead of replaying CUDA graphs")
+    disable_thread_tuning: bool = _flag(
+        False, "cpu backend: keep every compute thread even when decode slows down (by default a "
+        "slowdown, e.g. another process busy on a core, tries one thread fewer and keeps it while faster)")
     gpu_memory_gb: float = _flag(0.0, "cap the GPU memory FreeToken may use, in GB (0: all that is free)")
     seed: int = _flag(0, "default sampling seed for requests that give none")
 

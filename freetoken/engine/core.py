@@ -68,7 +68,9 @@ class EngineCore:
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
+        self._tuner = None                  # not during the warm-up: its steps are compiles
         self.warmup()
+        self._tuner = self._make_tuner()
         if self._grammars is not None:      # built before serving: the build holds the GIL
             self._grammars.join()
 
@@ -85,6 +87,15 @@ class EngineCore:
         if self.prefix_cache is not None:
             self.kv.free(self.prefix_cache.evict(self.prefix_cache.size))
         logger.info("warm-up forward done in %.2f s", time.perf_counter() - t0)
+
+    def _make_tuner(self):
+        """The CPU backend's compute-thread tuner (engine/thread_tuner.py), or None."""
+        if self.ops.name != "cpu" or self.config.disable_thread_tuning:
+            return None
+        from freetoken.engine.thread_tuner import ThreadTuner
+        from freetoken.kernels._numba import load_numba
+        numba = load_numba()
+        return ThreadTuner(numba.get_num_threads(), numba.set_num_threads, logger)
 
     def _compile_watch(self):
         """Progress of the numba compiles the warm-up triggers (CPU kernels: any backend's MoE
@@ -238,7 +249,10 @@ class EngineCore:
         if not schedule:
             return []
         prefilling = [req for req, _ in schedule if req.in_prefill]
+        t0 = time.perf_counter()
         reqs, tokens, lps = self._forward(schedule)
+        if self._tuner is not None and not prefilling:
+            self._tuner.observe(time.perf_counter() - t0, len(schedule))
         for req in prefilling:
             if not req.in_prefill:
                 self.scheduler.cache_prompt(req)

@@ -217,7 +217,9 @@ def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
 
     order = np.argsort(-np.diff(offs), kind="stable")
     sums = [st[0] for st in run_items(order.tolist(), one_expert, scratch)]
-    np.sum(sums, axis=0, out=out) if len(sums) > 1 else np.copyto(out, sums[0])
+    np.copyto(out, sums[0])
+    for more in sums[1:]:             # in place: np.sum over the list would stack a [n,T,H] copy
+        out += more
     return out
 
 

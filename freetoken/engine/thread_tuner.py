@@ -1,0 +1,76 @@
+"""Compute threads on a shared box (CPU backend): fewer when fewer decode faster.
+
+Why: a numba parallel region ends when its slowest thread does. With another process busy on one
+of the two cores, the engine's second thread gets a slice of a shared core and every one of a
+decode step's ~100 regions waits for it: synth:medium decoded at 1-10 tok/s with 2 threads under
+one such process, and 20-28 tok/s with 1 (2-core Xeon, docs/performance.md). So when decode steps
+get SLOWDOWN x slower than they were, the tuner times a few steps with one thread fewer and keeps
+whichever count was faster; while below the full count it tries the full count again every
+RETRY_EVERY steps (the other process may have stopped). A quiet box never probes, so it costs
+nothing there. Every change is one log line.
+"""
+from __future__ import annotations
+
+from collections import deque
+from statistics import median
+
+PROBE_STEPS = 6        # decode steps timed per try (medians: one preempted step must not decide)
+SLOWDOWN = 1.5         # recent median step time over the settled one that starts a try
+MARGIN = 1.1           # a try must be this much faster to be kept
+RETRY_EVERY = 256      # decode steps between tries of the full count while below it
+
+
+class ThreadTuner:
+    """observe(seconds, tokens) after each decode-only step; set_threads(n) is called to change
+    the count of the thread that runs the steps."""
+
+    def __init__(self, full: int, set_threads, log):
+        self.full = self.n = max(1, full)
+        self._set, self._log = set_threads, log
+        self._recent: deque = deque(maxlen=PROBE_STEPS)
+        self._settled: float | None = None      # median s/token at self.n after the last decision
+        self._trial: tuple | None = None         # (threads tried, their times, median before)
+        self._since = 0                          # steps since the last decision
+
+    @property
+    def trying(self) -> bool:
+        """A try is under way (the thread count is the tried one, not yet decided)."""
+        return self._trial is not None
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        per_token = seconds / max(1, tokens)
+        if self._trial is not None:
+            self._trial[1].append(per_token)
+            if len(self._trial[1]) >= PROBE_STEPS:
+                self._decide()
+            return
+        self._recent.append(per_token)
+        self._since += 1
+        if len(self._recent) < PROBE_STEPS:
+            return
+        now = median(self._recent)
+        if self._settled is None:
+            self._settled = now
+        elif self.n > 1 and now > SLOWDOWN * self._settled:
+            self._try(self.n - 1, now)
+        elif self.n < self.full and self._since >= RETRY_EVERY:
+            self._try(self.full, now)
+
+    def _try(self, threads: int, before: float) -> None:
+        self._trial = (threads, [], before)
+        self._set(threads)
+
+    def _decide(self) -> None:
+        threads, times, before = self._trial
+        tried = median(times)
+        if tried * MARGIN < before:
+            why = ("another process is using this machine's cores; the full count is retried every "
+                   f"{RETRY_EVERY} steps" if threads < self.n else "the cores are free again")
+            self._log.info("cpu threads %d -> %d: decode steps %.1fx faster (%s)", self.n, threads,
+                           before / tried, why)
+            self.n, self._settled = threads, tried
+        else:                               # the next full window at self.n is the new baseline
+            self._set(self.n)
+            self._settled = None
+        self._trial, self._since = None, 0
+        self._recent.clear()

@@ -1,0 +1,77 @@
+"""The compute-thread tuner: a quiet box never probes; a slowdown tries one thread fewer and keeps
+it only when faster; below the full count the full count is retried and taken back when the
+cores are free again. Step times are made up: seconds per token as a function of the threads."""
+import logging
+
+import pytest
+
+from freetoken.engine import thread_tuner as tt
+
+
+class Box:
+    """A machine whose step time depends on the thread count and on whether a hog runs."""
+
+    def __init__(self):
+        self.hog, self.threads, self.calls = False, 2, []
+
+    def set_threads(self, n):
+        self.threads = n
+        self.calls.append(n)
+
+    def step_time(self):
+        if self.hog:
+            return {2: 0.40, 1: 0.04}[self.threads]       # the second thread waits for slices
+        return {2: 0.02, 1: 0.035}[self.threads]
+
+
+def run(tuner, box, steps, tokens=1):
+    """steps decode steps, then more until no try is under way (box.threads is the settled count)."""
+    for _ in range(steps):
+        tuner.observe(box.step_time() * tokens, tokens)
+    while tuner.trying:
+        tuner.observe(box.step_time() * tokens, tokens)
+
+
+@pytest.fixture
+def box_and_tuner(caplog):
+    caplog.set_level(logging.INFO, logger="tuner-test")
+    box = Box()
+    return box, tt.ThreadTuner(2, box.set_threads, logging.getLogger("tuner-test"))
+
+
+def test_a_quiet_box_never_changes_threads(box_and_tuner):
+    box, tuner = box_and_tuner
+    run(tuner, box, 2000, tokens=3)
+    assert box.calls == [] and tuner.n == 2
+
+
+def test_a_hog_drops_a_thread_and_its_end_takes_it_back(box_and_tuner, caplog):
+    box, tuner = box_and_tuner
+    run(tuner, box, 20)
+    box.hog = True
+    run(tuner, box, 3 * tt.PROBE_STEPS)
+    assert tuner.n == 1 and box.threads == 1
+    assert "cpu threads 2 -> 1" in caplog.text and "another process" in caplog.text
+    run(tuner, box, 2 * tt.RETRY_EVERY)              # retries of 2 lose while the hog runs
+    assert tuner.n == 1 and box.threads == 1 and box.calls.count(2) >= 1
+    box.hog = False
+    run(tuner, box, tt.RETRY_EVERY + 3 * tt.PROBE_STEPS)
+    assert tuner.n == 2 and box.threads == 2 and "cpu threads 1 -> 2" in caplog.text
+
+
+def test_a_slowdown_fewer_threads_do_not_fix_is_undone(box_and_tuner, caplog):
+    box, tuner = box_and_tuner
+    run(tuner, box, 20)
+    box.step_time = lambda: {2: 0.2, 1: 0.35}[box.threads]     # e.g. a longer context: slower anyway
+    run(tuner, box, 3 * tt.PROBE_STEPS)
+    assert tuner.n == 2 and box.threads == 2 and box.calls == [1, 2]
+    run(tuner, box, 500)                                        # settled at the new speed: no more tries
+    assert box.calls == [1, 2] and "cpu threads" not in caplog.text
+
+
+def test_one_thread_has_nothing_to_drop():
+    calls = []
+    tuner = tt.ThreadTuner(1, calls.append, logging.getLogger("tuner-test"))
+    for i in range(100):
+        tuner.observe(0.01 * (1 + i), 1)                         # ever slower
+    assert calls == [] and tuner.n == 1
