@@ -18,9 +18,10 @@ GB/s = active bytes x decode tok/s; "% read" compares it with a numba parallel r
 array on the same number of threads. A model whose weights fit in the last-level cache can pass
 100%; one whose step time is dominated by per-op overheads sits far below.
 
---profile adds, per model, a per-op breakdown of one decode run (ms per decode step by op, the MoE
+--profile adds, per model, a per-op breakdown of one run (ms per decode step by op, the MoE
 layer's time split into the expert kernel and the executor hand-off, and the engine's own
-per-step work: scheduling, batch building, sampling, detokenizing).
+per-step work: scheduling, batch building, sampling, detokenizing), then the same for its prompt's
+prefill (--prompt 512 or 4000 for where a long prefill's time goes).
 """
 from __future__ import annotations
 
@@ -195,14 +196,18 @@ def profile(llm, prompt, n_decode) -> dict:
 
 
 def print_profile(name, prof):
-    rows = prof["decode"]
-    step = rows.get("engine: step (total)", {}).get("ms_per_step", 0.0)
-    print(f"\n-- {name}: decode profile, {prof['decode_steps']} steps, {prof['decode_tok_s']:.1f} tok/s "
-          f"with timers ({step:.2f} ms per step) --")
-    print(f"{'what':34s} {'ms/step':>8s} {'calls':>6s} {'% step':>7s}   (indented: part of the op above)")
-    for what, r in rows.items():
-        print(f"{what:34s} {r['ms_per_step']:8.3f} {r['calls_per_step']:6.0f} "
-              f"{100 * r['ms_per_step'] / step if step else 0:6.1f}%")
+    """The decode profile (ms per decode step), then the prompt's prefill (ms for the whole prompt:
+    one step per prefill chunk)."""
+    for phase, steps in (("decode", prof["decode_steps"]), ("prefill", None)):
+        rows = prof[phase]
+        step = rows.get("engine: step (total)", {}).get("ms_per_step", 0.0)
+        what = (f"{steps} steps, {prof['decode_tok_s']:.1f} tok/s with timers ({step:.2f} ms per step)"
+                if phase == "decode" else f"the prompt, {step:.1f} ms per prefill step")
+        print(f"\n-- {name}: {phase} profile, {what} --")
+        print(f"{'what':34s} {'ms/step':>8s} {'calls':>6s} {'% step':>7s}   (indented: part of the op above)")
+        for op, r in rows.items():
+            print(f"{op:34s} {r['ms_per_step']:8.3f} {r['calls_per_step']:6.0f} "
+                  f"{100 * r['ms_per_step'] / step if step else 0:6.1f}%")
 
 
 # --- main -------------------------------------------------------------------------------------

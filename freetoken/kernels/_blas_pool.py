@@ -7,9 +7,9 @@ the other core taken: on medium a 512-token prefill's rope took 128 ms instead o
 instead of 1.5, attention 625 instead of 408 (2-core Xeon). And the GEMMs of a prefill are many and
 small (one per routed expert, 64 tokens each at 512): each split over two BLAS threads pays a sync
 per call and still widens its bf16 weights on one thread. One expert per thread, start to end, has
-neither cost: 164 -> 117 ms a layer of experts at 512 tokens, 640 -> 520 at 4,000 (bench/kernels/
-experts_cpu.py). While the pool runs, numba's threads are idle (no kernel is in flight), so the
-cores are not oversubscribed.
+neither cost: 164 -> 117 ms a layer of experts at 512 tokens, 640 -> 520 at 4,000 (medium's
+shape; in the engine: `bench/decode_cpu.py --profile --prompt 512`, its prefill profile). While
+the pool runs, numba's threads are idle (no kernel is in flight): the cores are not oversubscribed.
 
 `threadpoolctl` sets the BLAS thread count: it knows OpenBLAS, MKL and BLIS under whatever names
 numpy's wheel gives them; a BLAS it cannot set (Accelerate) stays multi-threaded, which is slower

@@ -208,7 +208,7 @@ def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
 
     def one_expert(u, st):
         # weights on the left: OpenBLAS runs [M,K]@[K,n] 25% faster than [n,K]@[K,M] for the
-        # n = 32-128 tokens an expert gets (one thread, Xeon, bench/kernels/experts_cpu.py)
+        # n = 32-128 tokens an expert gets (one thread, H 1024, 2-core Xeon: 105 vs 84 GFLOP/s)
         acc, wgu, wd = st
         tok = ptok[offs[u]:offs[u + 1]]
         h = _as_f32(gate_up[uniq[u]], wgu) @ x[tok].T             # [2I,n]
