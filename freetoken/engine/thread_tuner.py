@@ -6,8 +6,11 @@ decode step's ~100 regions waits for it: synth:medium decoded at 1-10 tok/s with
 one such process, and 20-28 tok/s with 1 (2-core Xeon, docs/performance.md). So when decode steps
 get SLOWDOWN x slower than they were, the tuner times a few steps with one thread fewer and keeps
 whichever count was faster; while below the full count it tries the full count again every
-RETRY_EVERY steps (the other process may have stopped). A quiet box never probes, so it costs
-nothing there. Every change is one log line.
+RETRY_EVERY steps (the other process may have stopped). A process that starts on a busy box sees
+no slowdown (and no jitter to go by: each step averages ~100 waits), so the first window is
+followed by one short try, START_STEPS steps, whatever it showed: on a quiet box that is three
+slower steps once per process (~0.05 s on medium), and a slowdown is needed for any other.
+Every change is one log line.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from collections import deque
 from statistics import median
 
 PROBE_STEPS = 6        # decode steps timed per try (medians: one preempted step must not decide)
+START_STEPS = 3        # the one try after the first window: short, it runs on every start
 SLOWDOWN = 1.5         # recent median step time over the settled one that starts a try
 MARGIN = 1.1           # a try must be this much faster to be kept
 RETRY_EVERY = 256      # decode steps between tries of the full count while below it
@@ -29,8 +33,9 @@ class ThreadTuner:
         self._set, self._log = set_threads, log
         self._recent: deque = deque(maxlen=PROBE_STEPS)
         self._settled: float | None = None      # median s/token at self.n after the last decision
-        self._trial: tuple | None = None         # (threads tried, their times, median before)
+        self._trial: tuple | None = None         # (threads tried, their times, median before, steps)
         self._since = 0                          # steps since the last decision
+        self._tried_at_start = False             # one try after the first window, whatever it showed
 
     @property
     def trying(self) -> bool:
@@ -41,7 +46,7 @@ class ThreadTuner:
         per_token = seconds / max(1, tokens)
         if self._trial is not None:
             self._trial[1].append(per_token)
-            if len(self._trial[1]) >= PROBE_STEPS:
+            if len(self._trial[1]) >= self._trial[3]:
                 self._decide()
             return
         self._recent.append(per_token)
@@ -51,17 +56,20 @@ class ThreadTuner:
         now = median(self._recent)
         if self._settled is None:
             self._settled = now
+            if not self._tried_at_start and self.n > 1:   # started on a busy box: nothing to see
+                self._tried_at_start = True
+                self._try(self.n - 1, now, START_STEPS)
         elif self.n > 1 and now > SLOWDOWN * self._settled:
             self._try(self.n - 1, now)
         elif self.n < self.full and self._since >= RETRY_EVERY:
             self._try(self.full, now)
 
-    def _try(self, threads: int, before: float) -> None:
-        self._trial = (threads, [], before)
+    def _try(self, threads: int, before: float, steps: int = PROBE_STEPS) -> None:
+        self._trial = (threads, [], before, steps)
         self._set(threads)
 
     def _decide(self) -> None:
-        threads, times, before = self._trial
+        threads, times, before, _ = self._trial
         tried = median(times)
         if tried * MARGIN < before:
             why = ("another process is using this machine's cores; the full count is retried every "

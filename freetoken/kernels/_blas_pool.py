@@ -17,6 +17,7 @@ but still correct.
 """
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterable
@@ -89,3 +90,13 @@ def run_items(items: Iterable, work: Callable, state: Callable = lambda: None) -
 
 
 _DONE = object()
+
+
+def _forget_after_fork():
+    """A forked child has none of the parent's pool threads: make it start its own."""
+    global _pool, _lock
+    _pool, _lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,6 +1,6 @@
-"""The compute-thread tuner: a quiet box never probes; a slowdown tries one thread fewer and keeps
-it only when faster; below the full count the full count is retried and taken back when the
-cores are free again. Step times are made up: seconds per token as a function of the threads."""
+"""The compute-thread tuner: one short try after the first window (a box busy from the start); a
+slowdown tries one thread fewer and keeps it only when faster; below the full count the full
+count is retried and taken back when the cores are free again. Step times are made up: seconds per token as a function of the threads."""
 import logging
 
 import pytest
@@ -39,10 +39,17 @@ def box_and_tuner(caplog):
     return box, tt.ThreadTuner(2, box.set_threads, logging.getLogger("tuner-test"))
 
 
-def test_a_quiet_box_never_changes_threads(box_and_tuner):
+def test_a_quiet_box_tries_once_at_the_start_and_keeps_every_thread(box_and_tuner, caplog):
     box, tuner = box_and_tuner
     run(tuner, box, 2000, tokens=3)
-    assert box.calls == [] and tuner.n == 2
+    assert box.calls == [1, 2] and tuner.n == 2 and "cpu threads" not in caplog.text
+
+
+def test_a_process_started_on_a_busy_box_drops_a_thread(box_and_tuner):
+    box, tuner = box_and_tuner
+    box.hog = True                                     # busy from the first step: no slowdown to see
+    run(tuner, box, tt.PROBE_STEPS + tt.START_STEPS)
+    assert tuner.n == 1 and box.threads == 1
 
 
 def test_a_hog_drops_a_thread_and_its_end_takes_it_back(box_and_tuner, caplog):
@@ -64,9 +71,9 @@ def test_a_slowdown_fewer_threads_do_not_fix_is_undone(box_and_tuner, caplog):
     run(tuner, box, 20)
     box.step_time = lambda: {2: 0.2, 1: 0.35}[box.threads]     # e.g. a longer context: slower anyway
     run(tuner, box, 3 * tt.PROBE_STEPS)
-    assert tuner.n == 2 and box.threads == 2 and box.calls == [1, 2]
+    assert tuner.n == 2 and box.threads == 2 and box.calls == [1, 2, 1, 2]   # the start's try, then this
     run(tuner, box, 500)                                        # settled at the new speed: no more tries
-    assert box.calls == [1, 2] and "cpu threads" not in caplog.text
+    assert box.calls == [1, 2, 1, 2] and "cpu threads" not in caplog.text
 
 
 def test_one_thread_has_nothing_to_drop():
