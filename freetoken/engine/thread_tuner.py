@@ -7,9 +7,10 @@ one such process, and 20-28 tok/s with 1 (2-core Xeon, docs/performance.md). So 
 get SLOWDOWN x slower than they were, the tuner times a few steps with one thread fewer and keeps
 whichever count was faster; while below the full count it tries the full count again every
 RETRY_EVERY steps (the other process may have stopped). A process that starts on a busy box sees
-no slowdown (and no jitter to go by: each step averages ~100 waits), so the first window is
-followed by one short try, START_STEPS steps, whatever it showed: on a quiet box that is three
-slower steps once per process (~0.05 s on medium), and a slowdown is needed for any other.
+no slowdown (and no jitter to go by: each step averages ~100 waits), so its first START_STEPS
+steps are followed by one try of as many, whatever they showed: on a quiet box that is three
+slower steps once per process (~0.05 s on medium; under a hog, each step at the wrong count
+costs about a second), and a slowdown is needed for any other.
 Every change is one log line.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import deque
 from statistics import median
 
 PROBE_STEPS = 6        # decode steps timed per try (medians: one preempted step must not decide)
-START_STEPS = 3        # the one try after the first window: short, it runs on every start
+START_STEPS = 3        # the first window and the try after it: short, they run on every start
 SLOWDOWN = 1.5         # recent median step time over the settled one that starts a try
 MARGIN = 1.1           # a try must be this much faster to be kept
 RETRY_EVERY = 256      # decode steps between tries of the full count while below it
@@ -35,7 +36,7 @@ class ThreadTuner:
         self._settled: float | None = None      # median s/token at self.n after the last decision
         self._trial: tuple | None = None         # (threads tried, their times, median before, steps)
         self._since = 0                          # steps since the last decision
-        self._tried_at_start = False             # one try after the first window, whatever it showed
+        self._tried_at_start = self.n == 1       # one try after the first window, whatever it showed
 
     @property
     def trying(self) -> bool:
@@ -51,12 +52,13 @@ class ThreadTuner:
             return
         self._recent.append(per_token)
         self._since += 1
-        if len(self._recent) < PROBE_STEPS:
+        first = not self._tried_at_start
+        if len(self._recent) < (START_STEPS if first else PROBE_STEPS):
             return
         now = median(self._recent)
         if self._settled is None:
             self._settled = now
-            if not self._tried_at_start and self.n > 1:   # started on a busy box: nothing to see
+            if not self._tried_at_start:           # started on a busy box: nothing to see
                 self._tried_at_start = True
                 self._try(self.n - 1, now, START_STEPS)
         elif self.n > 1 and now > SLOWDOWN * self._settled:
