@@ -33,7 +33,8 @@ class ThreadTuner:
         self.full = self.n = max(1, full)
         self._set, self._log = set_threads, log
         self._recent: deque = deque(maxlen=PROBE_STEPS)
-        self._settled: float | None = None      # median s/token at self.n after the last decision
+        self._batch = 0                          # tokens per step of the steps in _recent
+        self._settled: dict[int, float] = {}     # median s/token at self.n, by tokens per step
         self._trial: tuple | None = None         # (threads tried, their times, median before, steps)
         self._since = 0                          # steps since the last decision
         self._tried_at_start = self.n == 1       # one try after the first window, whatever it showed
@@ -44,7 +45,15 @@ class ThreadTuner:
         return self._trial is not None
 
     def observe(self, seconds: float, tokens: int) -> None:
+        """One decode step: its time and its tokens (a step of 4 sequences costs less per token
+        than one of 1, so steps are compared only with steps of the same size)."""
         per_token = seconds / max(1, tokens)
+        if tokens != self._batch:
+            self._batch = tokens
+            self._recent.clear()
+            if self._trial is not None:          # a try is judged on steps of one size only
+                self._set(self.n)
+                self._trial = None
         if self._trial is not None:
             self._trial[1].append(per_token)
             if len(self._trial[1]) >= self._trial[3]:
@@ -52,16 +61,15 @@ class ThreadTuner:
             return
         self._recent.append(per_token)
         self._since += 1
-        first = not self._tried_at_start
-        if len(self._recent) < (START_STEPS if first else PROBE_STEPS):
+        if len(self._recent) < (PROBE_STEPS if self._tried_at_start else START_STEPS):
             return
-        now = median(self._recent)
-        if self._settled is None:
-            self._settled = now
+        now, settled = median(self._recent), self._settled.get(tokens)
+        if settled is None:
+            self._settled[tokens] = now
             if not self._tried_at_start:           # started on a busy box: nothing to see
                 self._tried_at_start = True
                 self._try(self.n - 1, now, START_STEPS)
-        elif self.n > 1 and now > SLOWDOWN * self._settled:
+        elif self.n > 1 and now > SLOWDOWN * settled:
             self._try(self.n - 1, now)
         elif self.n < self.full and self._since >= RETRY_EVERY:
             self._try(self.full, now)
@@ -78,9 +86,9 @@ class ThreadTuner:
                    f"{RETRY_EVERY} steps" if threads < self.n else "the cores are free again")
             self._log.info("cpu threads %d -> %d: decode steps %.1fx faster (%s)", self.n, threads,
                            before / tried, why)
-            self.n, self._settled = threads, tried
+            self.n, self._settled = threads, {self._batch: tried}   # other sizes: measured anew
         else:                               # the next full window at self.n is the new baseline
             self._set(self.n)
-            self._settled = None
+            self._settled.pop(self._batch, None)
         self._trial, self._since = None, 0
         self._recent.clear()

@@ -82,3 +82,14 @@ def test_one_thread_has_nothing_to_drop():
     for i in range(100):
         tuner.observe(0.01 * (1 + i), 1)                         # ever slower
     assert calls == [] and tuner.n == 1
+
+
+def test_steps_are_compared_only_with_steps_of_the_same_size(box_and_tuner):
+    """Four sequences a step cost less per token than one: a batch shrinking is no slowdown."""
+    box, tuner = box_and_tuner
+    for _ in range(30):
+        tuner.observe(4 * 0.008, 4)                    # 4 tokens a step: 8 ms a token
+    calls = list(box.calls)
+    for _ in range(300):
+        tuner.observe(box.step_time(), 1)              # 1 token a step: 20 ms a token, not slower
+    assert box.calls == calls and tuner.n == 2
