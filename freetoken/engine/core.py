@@ -32,6 +32,8 @@ class Delta:
 
 
 class EngineCore:
+    _tuner = None          # the cpu backend's ThreadTuner, set after the warm-up (engine/thread_tuner.py)
+
     def __init__(self, config: EngineConfig):
         from freetoken.backend import get_ops, resolve_backend
         from freetoken.models.loader import load_model
@@ -68,8 +70,7 @@ class EngineCore:
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
-        self._tuner = None                  # not during the warm-up: its steps are compiles
-        self.warmup()
+        self.warmup()                       # no tuner yet: the warm-up's steps are compiles
         self._tuner = self._make_tuner()
         if self._grammars is not None:      # built before serving: the build holds the GIL
             self._grammars.join()

@@ -58,11 +58,11 @@ def run_items(items: Iterable, work: Callable, state: Callable = lambda: None) -
     threads that ran. An exception in any item is raised here after the others stop."""
     todo = list(items)
     n = min(workers(), len(todo))
-    if n <= 1 or getattr(_local, "inside", False):
-        st = state()
-        for item in todo:
-            work(item, st)
-        return [st]
+    if getattr(_local, "inside", False):          # nested: this thread is a worker already
+        return [_inline(todo, work, state)]
+    if n <= 1:                                     # one thread (--threads 1, the tuner): no spinning BLAS
+        with _lock, _blas().limit(limits=1, user_api="blas"):
+            return [_inline(todo, work, state)]
     feed, failed = iter(todo), threading.Event()
     take = threading.Lock()
 
@@ -90,6 +90,13 @@ def run_items(items: Iterable, work: Callable, state: Callable = lambda: None) -
 
 
 _DONE = object()
+
+
+def _inline(todo: list, work: Callable, state: Callable):
+    st = state()
+    for item in todo:
+        work(item, st)
+    return st
 
 
 def _forget_after_fork():

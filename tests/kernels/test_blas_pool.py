@@ -70,3 +70,13 @@ def test_results_match_a_plain_matmul():
 
     _blas_pool.run_items(range(0, 200, 16), block)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_one_worker_runs_inline_with_blas_one_threaded_too(monkeypatch):
+    before = blas_threads()
+    monkeypatch.setattr(_blas_pool, "workers", lambda: 1)
+    seen = []
+    states = _blas_pool.run_items(range(5), lambda i, st: seen.append((threading.get_ident(),
+                                                                        blas_threads())))
+    assert len(states) == 1 and {t for t, _ in seen} == {threading.get_ident()}
+    assert all(b == [1] * len(before) for _, b in seen) and blas_threads() == before
