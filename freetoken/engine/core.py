@@ -201,6 +201,8 @@ class EngineCore:
         afterwards."""
         if getattr(self, "_grammars", None) is not None:
             self._grammars.join()
+        if self._tuner is not None:         # numba's count is per thread: give the caller's back
+            self._tuner.restore()
         self.moe.close()
         if getattr(self, "host_pool", None) is not None:
             self.host_pool.close()

@@ -39,6 +39,12 @@ class ThreadTuner:
         self._since = 0                          # steps since the last decision
         self._tried_at_start = self.n == 1       # one try after the first window, whatever it showed
 
+    def restore(self) -> None:
+        """Set the full count again (the engine is closing: the thread stays its caller's)."""
+        self._trial = None
+        self.n = self.full
+        self._set(self.full)
+
     @property
     def trying(self) -> bool:
         """A try is under way (the thread count is the tried one, not yet decided)."""

@@ -62,7 +62,11 @@ def run_items(items: Iterable, work: Callable, state: Callable = lambda: None) -
         return [_inline(todo, work, state)]
     if n <= 1:                                     # one thread (--threads 1, the tuner): no spinning BLAS
         with _lock, _blas().limit(limits=1, user_api="blas"):
-            return [_inline(todo, work, state)]
+            _local.inside = True                   # a nested region must not take _lock again
+            try:
+                return [_inline(todo, work, state)]
+            finally:
+                _local.inside = False
     feed, failed = iter(todo), threading.Event()
     take = threading.Lock()
 

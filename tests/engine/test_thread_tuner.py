@@ -64,6 +64,10 @@ def test_a_hog_drops_a_thread_and_its_end_takes_it_back(box_and_tuner, caplog):
     box.hog = False
     run(tuner, box, tt.RETRY_EVERY + 3 * tt.PROBE_STEPS)
     assert tuner.n == 2 and box.threads == 2 and "cpu threads 1 -> 2" in caplog.text
+    box.hog = True
+    run(tuner, box, 3 * tt.PROBE_STEPS)
+    tuner.restore()                                    # the engine closes: the caller's count back
+    assert tuner.n == 2 and box.threads == 2
 
 
 def test_a_slowdown_fewer_threads_do_not_fix_is_undone(box_and_tuner, caplog):

@@ -49,7 +49,9 @@ def test_an_error_in_an_item_reaches_the_caller_and_the_limit_is_lifted():
     assert _blas_pool.run_items(range(3), lambda i, st: None)      # the pool still works
 
 
-def test_nested_region_runs_inline():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_nested_region_runs_inline(threads, monkeypatch):
+    monkeypatch.setattr(_blas_pool, "workers", lambda: threads)       # 1: the outer one is inline too
     inner = []
 
     def outer(item, st):
