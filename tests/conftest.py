@@ -1,6 +1,7 @@
 """Markers: ``gpu`` (skipped without a CUDA device; FREETOKEN_CUDA_EMULATE=1 provides an emulated
 one), ``slow`` (skipped unless --slow) and ``heavy`` (a gpu test skipped on the emulated device
 unless --slow: too slow there, cheap on a GPU)."""
+import logging
 import os
 
 import pytest
@@ -36,3 +37,15 @@ def pytest_collection_modifyitems(config, items):
 def rng():
     import numpy as np
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _freetoken_logger_as_it_was():
+    """An in-process CLI run (cli.main -> log.setup) gives the freetoken logger a stderr handler
+    and turns its propagation off, which hid its records from caplog in every later test (an
+    order-dependent failure); put it back after each test."""
+    logger = logging.getLogger("freetoken")
+    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.propagate, logger.level = propagate, level
