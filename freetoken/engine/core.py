@@ -42,9 +42,6 @@ class EngineCore:
         backend, why = resolve_backend(config.backend)
         logger.info("backend %s (%s)", backend, why)
         self.ops = get_ops(backend)
-        if backend != "ref":              # every other backend runs numba kernels (CPU experts, sampling)
-            from freetoken.kernels._numba import load_in_background
-            load_in_background()
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config

@@ -76,25 +76,6 @@ def load_numba():
     return _numba
 
 
-def load_in_background() -> threading.Thread:
-    """Start importing numba on a thread while the caller reads weights (which releases the
-    GIL): the import, the overloads, and what numba's first dispatch -- even a cache hit -- does
-    before it runs: the entry-point scan and the target refresh that imports its numpy
-    implementations (scipy.linalg among them). 0.5 s of a 1.3 s warm start on the dev box."""
-    def load():
-        load_numba()
-        from numba.core import entrypoints
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.core.registry import cpu_target
-        with global_compiler_lock:      # what a dispatch holds: a kernel called meanwhile waits
-            entrypoints.init_all()
-            cpu_target.typing_context.refresh()
-            cpu_target.target_context.refresh()
-    t = threading.Thread(target=load, name="freetoken-numba-import", daemon=True)
-    t.start()
-    return t
-
-
 def _register_overloads(numba):
     from llvmlite import ir
     from numba import types
