@@ -103,16 +103,21 @@ def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
     if tiled.size:
         attention_tiles.prefill(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out,
                                 tiled)
-    if rest.size:
-        k_rows, v_rows = weight_rows(k_cache), weight_rows(v_cache)
-        assert k_rows.dtype == v_rows.dtype, "k and v caches must share a dtype"
-        part = out if rest.size == q.shape[0] else np.empty((rest.size,) + q.shape[1:], np.float32)
-        sub = (lambda a: a) if part is out else (lambda a: np.ascontiguousarray(a[rest]))
-        _attention(split_x(sub(q), k_rows), k_rows, v_rows, slot_table, sub(tok_seq),
-                   sub(tok_pos), np.float32(scale), part)
-        if part is not out:
-            out[rest] = part
+    if rest.size == q.shape[0]:
+        _decode_kernel(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out)
+    elif rest.size:
+        part = np.empty((rest.size,) + q.shape[1:], np.float32)
+        _decode_kernel(q[rest], k_cache, v_cache, slot_table, tok_seq[rest], tok_pos[rest], scale,
+                       part)
+        out[rest] = part
     return out
+
+
+def _decode_kernel(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+    k_rows, v_rows = weight_rows(k_cache), weight_rows(v_cache)
+    assert k_rows.dtype == v_rows.dtype, "k and v caches must share a dtype"
+    _attention(split_x(q, k_rows), k_rows, v_rows, slot_table, tok_seq, tok_pos,
+               np.float32(scale), out)
 
 
 # --- gpu (cuda/attention.cu) --------------------------------------------------------------------
