@@ -209,10 +209,10 @@ def share_synth_weights() -> None:
 
 def real_budget_checkpoints(name: str = "qwen3.6-35b-a3b", mib: int = 2048) -> tuple[int, int]:
     """(checkpoints `mib` MiB holds for the full real model, bytes of one)."""
-    from freetoken.models.synth_hybrid import PRESETS
+    from freetoken.models.synth_gdn import PRESETS
     from freetoken.engine.state_pool import StatePool
-    from freetoken.config import ModelConfig
-    row = StatePool.bytes_per_row(ModelConfig.from_dict(PRESETS[name].hf_config()))
+    from freetoken.models.hf_config import model_config_from_dict
+    row = StatePool.bytes_per_row(model_config_from_dict(PRESETS[name].hf_config()))
     return (mib << 20) // row, row
 
 

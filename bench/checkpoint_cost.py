@@ -116,12 +116,12 @@ def main(argv=None) -> None:
     logging.getLogger("freetoken").setLevel(logging.ERROR)
     from agent_edits import share_synth_weights
     from freetoken import LLM
-    from freetoken.config import ModelConfig
-    from freetoken.models.synth_hybrid import PRESETS
+    from freetoken.models.hf_config import model_config_from_dict
+    from freetoken.models.synth_gdn import PRESETS
     share_synth_weights()            # the engines of one synth spec share one copy of its weights
     base = LLM(model=args.model, backend=args.backend, state_checkpoint_mb=0, max_running_requests=1)
     ops, small = base.core.ops, base.core.model_config
-    real = ModelConfig.from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
+    real = model_config_from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
     cpu = cpu_info()["model"]
     print(f"# {cpu}, {os.cpu_count()} cores, backend {args.backend}, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
     copies = {"qwen3.6-35b-a3b (40 layers)": copy_costs(real, ops, args.repeats),

@@ -64,7 +64,7 @@ def weight_stats(cfg, w) -> dict:
         if routed:
             experts += k * (lw.gate_up[0].nbytes + lw.down[0].nbytes)
     state = 0
-    if cfg.is_hybrid:
+    if cfg.has_gdn:
         from freetoken.engine.state_pool import StatePool
         state = 2 * StatePool.bytes_per_row(cfg)          # read and written once per token
     return dict(params=int(params), weight_bytes=int(sum(a.nbytes for a in arrays.values())),

@@ -44,7 +44,7 @@ def generate_speed(llm, batch: int, prompt: int, decode: int, rng) -> dict:
 
 def decode_batch(core, B: int, context: int, rng):
     """A host ForwardBatch of B sequences, each decoding its token number `context`."""
-    from freetoken.models.qwen3_moe import ForwardBatch
+    from freetoken.models.forward_batch import ForwardBatch
     slots = np.asarray(core.kv.alloc(B * context), np.int32).reshape(B, context)
     i32 = lambda a: np.asarray(a, np.int32)
     return ForwardBatch(ids=i32(rng.integers(0, core.model_config.vocab_size, B)),

@@ -83,7 +83,7 @@ def write_random_model(out_dir, seed: int = 0, **shape) -> Path:
     """Write a deterministic tiny random Qwen3-MoE (HF format, bf16) with the demo tokenizer."""
     import json
     import shutil
-    from freetoken.weights import save_safetensors
+    from freetoken.models.weights import save_safetensors
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = random_config(**{**RANDOM_SHAPE, **shape})

@@ -27,3 +27,18 @@ def assert_close(name, ref, out, atol, rtol):
     ok, report = close_report(name, ref, out, atol, rtol)
     print(report)
     assert ok, report
+
+
+def assert_launches(call, expected):
+    """Run ``call()`` and assert it launched exactly ``expected`` kernels, counted by the emulated
+    device (freetoken.cuda_emu.kernels.launches). A real GPU keeps no count: there the call only
+    runs, and a zero-grid launch is the driver's error (CUDA rejects a zero grid dimension)."""
+    from freetoken.cupy_loader import emulated
+    if not emulated():
+        call()
+        return
+    from freetoken.cuda_emu import kernels
+    before = kernels.launches
+    call()
+    assert kernels.launches - before == expected, (
+        f"launched {kernels.launches - before} kernels, expected {expected}")

@@ -66,10 +66,11 @@ def test_a_gpu_with_no_room_for_experts_still_runs_hybrid(expected):
     gives 0 slots, the engine takes 1 (not the 25% default, which would not fit), and hybrid runs
     every other miss on the CPU."""
     from freetoken import LLM
-    from freetoken.config import EngineConfig, ModelConfig
+    from freetoken.config import EngineConfig
+    from freetoken.models.hf_config import read_model_config
     from freetoken.demo import packaged_demo_dir
     from freetoken.engine import gpu_budget as gb
-    cfg, ec = ModelConfig.from_hf(packaged_demo_dir()), EngineConfig(num_kv_tokens=4096)
+    cfg, ec = read_model_config(packaged_demo_dir()), EngineConfig(num_kv_tokens=4096)
     room = gb.weight_bytes(cfg) + gb.workspace_bytes(cfg, ec) + 4096 * gb.kv_bytes_per_token(cfg, ec)
     options = dict(backend="cuda", moe_backend="hybrid", num_kv_tokens=4096, moe_fetch_fraction=1.0,
                    gpu_memory_gb=(room + 1000) / gb.GB)        # the cap is the whole budget

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from freetoken.config import ModelConfig
+from freetoken.models.hf_config import read_model_config
 from freetoken.tokenizer import ChatTemplateError, IncrementalDetokenizer, Tokenizer
 
 TINY_CODER = Path("/work/shared/data/tiny-coder-moe")
@@ -150,7 +150,7 @@ def test_stop_token_ids(tok):
 
 
 def test_vocab_fits_the_model(tok):
-    cfg = ModelConfig.from_hf(TINY_CODER)
+    cfg = read_model_config(TINY_CODER)
     assert tok.vocab_size == 4000 <= cfg.vocab_size
 
 

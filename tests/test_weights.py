@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from freetoken import progress as progress_mod
-from freetoken.config import ModelConfig
+from freetoken.models.hf_config import model_config_from_dict, read_model_config
 from freetoken.kernels._bf16 import from_f32, to_f32
-from freetoken.weights import (Checkpoint, SafetensorsFile, WeightsError, load_weights,
+from freetoken.models.weights import (Checkpoint, SafetensorsFile, WeightsError, load_weights,
                                save_safetensors)
 
 TINY_CODER = Path("/work/shared/data/tiny-coder-moe")
@@ -20,7 +20,7 @@ CFG_DICT = {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
     "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
     "intermediate_size": 12, "mlp_only_layers": [1], "norm_topk_prob": True}
-CFG = ModelConfig.from_dict(CFG_DICT)
+CFG = model_config_from_dict(CFG_DICT)
 
 
 def synthetic(cfg=CFG, seed=0, packed=False, prefix="model."):
@@ -119,7 +119,7 @@ def test_save_bf16_rounds_float_input(tmp_path):
 
 
 def test_interoperates_with_safetensors_package(tmp_path):
-    st = pytest.importorskip("safetensors.numpy")
+    import safetensors.numpy as st
     arrays = {"h": np.arange(6, dtype=np.float16).reshape(2, 3), "f": np.linspace(0, 1, 5, dtype=np.float32)}
     save_safetensors(tmp_path / "ours.safetensors", arrays)
     theirs = st.load_file(str(tmp_path / "ours.safetensors"))
@@ -178,7 +178,7 @@ def test_packed_experts_and_language_model_prefix(tmp_path):
 
 
 def test_tied_embeddings_share_the_array(tmp_path):
-    cfg = ModelConfig.from_dict({**CFG_DICT, "tie_word_embeddings": True})
+    cfg = model_config_from_dict({**CFG_DICT, "tie_word_embeddings": True})
     t = synthetic(cfg)
     del t["lm_head.weight"]
     save_safetensors(tmp_path / "model.safetensors", t, "F32")
@@ -223,7 +223,7 @@ def test_no_checkpoint_is_a_clear_error(tmp_path):
 
 @pytest.mark.skipif(not TINY_CODER.is_dir(), reason="tiny-coder-moe not present")
 def test_tiny_coder_moe_banks():
-    cfg = ModelConfig.from_hf(TINY_CODER)
+    cfg = read_model_config(TINY_CODER)
     w = load_weights(TINY_CODER, cfg)
     H, E, I, D = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.head_dim
     assert w.embed.shape == w.lm_head.shape == (cfg.vocab_size, H) and w.lm_head is not w.embed
@@ -294,7 +294,7 @@ def test_read_many_fills_each_array_from_adjacent_runs(tmp_path, monkeypatch, sc
     """Tensors adjacent in the file go in one scattered read (or, without os.preadv, one read
     each), in any order asked, into slices of one bank; one stored as F32 for a bf16 bank comes
     back as left over, for the caller to convert."""
-    from freetoken import safetensors_io
+    from freetoken.models import safetensors_io
     monkeypatch.setattr(safetensors_io, "_SCATTER", scatter)
     rng = np.random.default_rng(3)
     tensors = {f"e.{i}.w": rng.integers(0, 1 << 16, (4 + i, 6)).astype(np.uint16) for i in range(5)}

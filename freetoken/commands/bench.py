@@ -43,14 +43,14 @@ def register(sub) -> None:
 
 def expert_shape(model: str | None) -> dict:
     """{label, hidden, width, top_k, experts, format} of a model, read from its config only."""
-    from freetoken.config import ModelConfig
+    from freetoken.models.hf_config import model_config_from_dict, read_model_config
     from freetoken.demo import resolve_model_dir
     if model and model.startswith("synth:"):
         from freetoken.models.synth import parse_spec
         _, shape, _ = parse_spec(model[len("synth:"):])
-        cfg = ModelConfig.from_dict(shape.hf_config())
+        cfg = model_config_from_dict(shape.hf_config())
     else:
-        cfg = ModelConfig.from_hf(resolve_model_dir(model, logger))
+        cfg = read_model_config(resolve_model_dir(model, logger))
     fmt = "bf16" if cfg.torch_dtype == "bfloat16" else "f32"
     return dict(label=model or "demo", hidden=cfg.hidden_size, width=cfg.moe_intermediate_size,
                 top_k=cfg.num_experts_per_tok, experts=cfg.num_experts * len(cfg.moe_layers), format=fmt)

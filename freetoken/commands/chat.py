@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from freetoken.cli import add_config_flags, config_from_args
+from freetoken.flags import add_config_flags, config_from_args
 from freetoken.commands.generate import add_sampling_flags
 
 PROMPT = "you> "

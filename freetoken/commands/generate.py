@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from freetoken.cli import add_config_flags, config_from_args
+from freetoken.flags import add_config_flags, config_from_args
 
 
 DEFAULT_CHAT = "Write Python code."   # what the demo model was trained to answer

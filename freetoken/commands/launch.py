@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from freetoken.cli import add_config_flags, config_from_args
+from freetoken.flags import add_config_flags, config_from_args
 
 START_TIMEOUT_S = 900     # a first start compiles the kernels (about a minute) and may build a model
 

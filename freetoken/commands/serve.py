@@ -1,7 +1,7 @@
 """``serve``: the OpenAI- and Anthropic-compatible HTTP server (the built-in demo model by default)."""
 from __future__ import annotations
 
-from freetoken.cli import add_config_flags, config_from_args
+from freetoken.flags import add_config_flags, config_from_args
 
 
 def register(sub) -> None:

@@ -5,6 +5,10 @@ After each launch the arrays the kernel may write (its non-const pointer paramet
 with their bytes before it: a NaN it wrote while one of its inputs holds never-written (poison)
 words is reported as a read of unwritten device memory, naming the kernel, the output and the
 input. Outputs over CHECK_BYTES are not compared (the copy would dominate the run).
+
+``launches`` counts the kernel launches the host has made (each ``RawKernel.__call__`` that got
+onto a stream; one captured into a graph counts once, its replays do not; array operations are
+not kernels here), so a test can assert that a call launched nothing, or exactly one kernel.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from freetoken.cuda_emu.ndarray import ndarray
 from freetoken.cuda_emu.streams import get_current_stream
 
 CHECK_BYTES = 16 << 20
+launches = 0        # RawKernel launches so far in this process (see the module docstring)
 
 
 class RawModule:
@@ -59,6 +64,7 @@ class RawKernel:
         self._kernel.max_dynamic_shared_size_bytes = int(n)
 
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None, enable_cooperative_groups=False):
+        global launches
         grid, block = _dim3(grid), _dim3(block)
         values = [a.data.ptr if isinstance(a, ndarray) else a for a in args]
         arrays = [a if isinstance(a, ndarray) else None for a in args]   # alive until it runs
@@ -67,6 +73,7 @@ class RawKernel:
         stream = stream if stream is not None else get_current_stream()
         stream.enqueue(lambda: self._run(grid, block, int(shared_mem), values, arrays),
                        f"kernel {self.name}")
+        launches += 1
 
     def _run(self, grid, block, shared_mem, values, arrays) -> None:
         from freetoken.cuda_emu import device_code

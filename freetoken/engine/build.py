@@ -61,7 +61,7 @@ def make_kv_pool(cfg, config, weights, max_model_len: int, xp) -> KVPool:
 
 def make_states(cfg, config, xp):
     """The hybrid model's recurrent-state pool (one row per running request), or None."""
-    if not cfg.is_hybrid:
+    if not cfg.has_gdn:
         return None
     from freetoken.engine.state_pool import StatePool
     rows = config.max_running_requests
@@ -83,7 +83,7 @@ def prefix_cache_for(cfg, config, ops, tokenizer, device_spare: int = 0):
     from freetoken.engine.radix import RadixCache
     if not config.enable_prefix_cache:
         return None, None, None
-    if not cfg.is_hybrid:
+    if not cfg.has_gdn:
         return RadixCache(), None, None
     host, device, why = checkpoint_budgets(cfg, config, device_spare)
     if host + device <= 0:

@@ -102,7 +102,7 @@ class EngineCore:
         if self.ops.name == "ref":
             return contextlib.nullcontext()
         from freetoken.kernels.compile_watch import watch_compiles
-        kind = "hybrid" if self.model_config.is_hybrid else "moe"
+        kind = "hybrid" if self.model_config.has_gdn else "moe"
         dtype = "bf16" if self.weights.embed.dtype == np.uint16 else "f32"
         return watch_compiles(logger, f"{kind}/{dtype}")
 
@@ -272,7 +272,7 @@ class EngineCore:
             return self.model.forward
         from freetoken.engine.graphs import DecodeGraphs
         fused = self.moe.stats().get("backend") == "fused"
-        hybrid = self.model_config.is_hybrid        # graphs do not capture the state-pool rows yet
+        hybrid = self.model_config.has_gdn        # graphs do not capture the state-pool rows yet
         enabled = fused and not self.config.disable_cuda_graph and not hybrid
         graphs = DecodeGraphs(self.model, self.ops, self.config.max_running_requests,
                               self.max_model_len, enabled=enabled)

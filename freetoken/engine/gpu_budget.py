@@ -66,10 +66,10 @@ def dtype_bytes(cfg: ModelConfig) -> int:
 def weight_bytes(cfg: ModelConfig) -> int:
     """Everything but the routed experts: embeddings, lm_head, attention, norms, routers, dense MLPs
     (a hybrid's: its GDN layers and shared experts too)."""
-    if cfg.is_hybrid:
-        from freetoken.weights_hybrid import hybrid_param_count
+    if cfg.has_gdn:
+        from freetoken.models.gdn_weights import gdn_param_count
         routed = len(cfg.moe_layers) * cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size
-        return (hybrid_param_count(cfg) - routed) * dtype_bytes(cfg)
+        return (gdn_param_count(cfg) - routed) * dtype_bytes(cfg)
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     n = cfg.vocab_size * H * (1 if cfg.tie_word_embeddings else 2) + H
     for layer in range(cfg.num_layers):
@@ -90,7 +90,7 @@ def kv_bytes_per_token(cfg: ModelConfig, ec: EngineConfig) -> int:
 
 def state_bytes(cfg: ModelConfig, ec: EngineConfig) -> int:
     """A hybrid's recurrent-state pool: one fp32 row per running request (engine/state_pool.py)."""
-    if not cfg.is_hybrid:
+    if not cfg.has_gdn:
         return 0
     from freetoken.engine.state_pool import StatePool
     return StatePool.bytes_per_row(cfg) * ec.max_running_requests
@@ -165,7 +165,7 @@ def plan_gpu_memory(cfg: ModelConfig, engine_config: EngineConfig, free_bytes: i
     claimed = _checkpoint_claim(cfg, ec, left - kv)
     slots = _expert_slots(cfg, ec, left - kv - claimed)
     spare = left - kv - claimed - slots * expert_bytes(cfg)
-    checkpoints = spare if cfg.is_hybrid and getattr(ec, "state_checkpoint_gpu_mb", 0) < 0 else claimed
+    checkpoints = spare if cfg.has_gdn and getattr(ec, "state_checkpoint_gpu_mb", 0) < 0 else claimed
     return GpuPlan(budget, weights, work, kv, kv_tokens, slots, slots * expert_bytes(cfg),
                    len(cfg.moe_layers) * cfg.num_experts, capped_by, states, max(checkpoints, 0))
 
@@ -175,7 +175,7 @@ def _checkpoint_claim(cfg: ModelConfig, ec: EngineConfig, left: int) -> int:
     default (-1) takes only what the expert cache leaves (all experts resident, or a cache size
     the user capped), so checkpoints never cost an expert slot unasked."""
     mb = getattr(ec, "state_checkpoint_gpu_mb", 0)
-    if not cfg.is_hybrid or mb <= 0:
+    if not cfg.has_gdn or mb <= 0:
         return 0
     if mb << 20 > left:
         raise ConfigError(f"--state-checkpoint-gpu-mb {mb} does not fit: {max(left, 0) / GB:.2f} GB are "

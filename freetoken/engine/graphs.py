@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freetoken.models.qwen3_moe import ForwardBatch
+from freetoken.models.forward_batch import ForwardBatch
 from freetoken.cupy_loader import cupy as load_cupy, cupyx as load_cupyx
 
 INPUTS = ("ids", "positions", "tok_seq", "slots", "last_index")  # int32[B] each; then slot_table

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.engine.sampler import sample, token_logprobs
-from freetoken.models.qwen3_moe import ForwardBatch
+from freetoken.models.forward_batch import ForwardBatch
 from freetoken.models.state_cuts import split as state_cuts_split
 
 

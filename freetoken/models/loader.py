@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freetoken.config import ModelConfig
+from freetoken.models.hf_config import read_model_config
 
 SYNTH_PREFIX = "synth:"
 
@@ -38,7 +39,7 @@ def model_path(model: str | None, log) -> Path:
 def load_model(model: str | None, log) -> LoadedModel:
     from freetoken.demo import resolve_model_dir, synth_tokenizer_dir
     from freetoken.tokenizer import Tokenizer
-    from freetoken.weights import load_weights
+    from freetoken.models.weights import load_weights
     t0 = time.perf_counter()
     if model and model.startswith(SYNTH_PREFIX):
         from freetoken.models.synth import synth_model
@@ -47,7 +48,7 @@ def load_model(model: str | None, log) -> LoadedModel:
         loaded = LoadedModel(model, None, cfg, weights, tokenizer)
     else:
         path = resolve_model_dir(model, log)
-        cfg = ModelConfig.from_hf(path)
+        cfg = read_model_config(path)
         loaded = LoadedModel(path.name, path, cfg, load_weights(path, cfg, log), Tokenizer.from_dir(path))
     cfg = loaded.config
     log.info("loaded %s (%d layers, %d experts, top-%d) in %.2f s", loaded.name, cfg.num_layers,

@@ -1,31 +1,14 @@
-"""Qwen3-MoE forward pass (Qwen3MoeForCausalLM): pure composition of ops.
+"""Qwen3-MoE forward pass (Qwen3MoeForCausalLM): pure composition of ops over a ForwardBatch.
 
 Shape legend: T tokens in the step, H hidden, B sequences, V vocab, Hq query heads, G kv heads,
 D head dim, k routed experts per token, N KV token slots.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from freetoken.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class ForwardBatch:
-    """One forward step over the new tokens of B sequences (built by engine/runner.py)."""
-
-    ids: np.ndarray          # int32[T] token ids
-    positions: np.ndarray    # int32[T] position of each token in its sequence
-    tok_seq: np.ndarray      # int32[T] which sequence (row of slot_table) each token belongs to
-    slots: np.ndarray        # int32[T] KV slot each new token is written to
-    slot_table: np.ndarray   # int32[B, C] KV slot of every position of each sequence (padded)
-    last_index: np.ndarray   # int32[R] index into T of each token whose logits are needed (>= 1 per sequence)
-    prefill: bool            # True when any sequence computes more than one token
-    seq_starts: np.ndarray | None = None   # int32[B+1] first token of each sequence in T (hybrid models)
-    state_slots: np.ndarray | None = None  # int32[B] recurrent-state row of each sequence (hybrid models)
-    state_cuts: tuple = ()                 # models/state_cuts.py Pieces: states wanted mid-step (hybrid prefill)
+from freetoken.models.forward_batch import ForwardBatch
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.config import ModelConfig
-from freetoken.models.qwen3_moe import ForwardBatch
+from freetoken.models.forward_batch import ForwardBatch
 
 
 def partial_inv_freq(cfg: ModelConfig) -> np.ndarray:

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from freetoken.config import ConfigError, ModelConfig
+from freetoken.models.hf_config import model_config_from_dict
 from freetoken.env import available_memory_bytes
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 
@@ -91,7 +92,7 @@ _BASE_EXP = 119
 def parse_spec(spec: str) -> tuple[str, SynthShape, int]:
     """'NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X][,positions=P]' -> (name, shape,
     seed); ConfigError when bad. positions sets max_position_embeddings (long-context runs)."""
-    from freetoken.models.synth_hybrid import PRESETS as HYBRID
+    from freetoken.models.synth_gdn import PRESETS as HYBRID
     parts = [p.strip() for p in spec.split(",")]
     name = parts[0]
     presets = {**PRESETS, **HYBRID}
@@ -124,9 +125,9 @@ def parse_spec(spec: str) -> tuple[str, SynthShape, int]:
 
 def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
     """The config and in-memory weights of ``synth:spec`` (see the module docstring)."""
-    from freetoken.weights import ModelWeights
+    from freetoken.models.weights import ModelWeights
     name, shape, seed = parse_spec(spec)
-    cfg = ModelConfig.from_dict(shape.hf_config())
+    cfg = model_config_from_dict(shape.hf_config())
     nbytes = weight_bytes(cfg)
     avail = available_memory_bytes()
     if avail is not None and nbytes > 0.9 * avail:
@@ -138,7 +139,7 @@ def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
     t0 = time.perf_counter()
     gen = _Generator(seed)
     embed = gen.matrix((cfg.vocab_size, cfg.hidden_size), shift=int(round(math.log2(shape.embed_scale))))
-    layers = _hybrid_layers(cfg, shape, gen) if cfg.is_hybrid else _moe_layers(cfg, shape, gen)
+    layers = _hybrid_layers(cfg, shape, gen) if cfg.has_gdn else _moe_layers(cfg, shape, gen)
     weights = ModelWeights(embed=embed, final_norm=gen.norm(cfg.hidden_size),
                            lm_head=gen.matrix((cfg.vocab_size, cfg.hidden_size)), layers=layers)
     embed_shift = int(round(math.log2(shape.embed_scale)))
@@ -152,7 +153,7 @@ def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
 
 
 def _moe_layers(cfg: ModelConfig, shape, gen) -> tuple:
-    from freetoken.weights import LayerWeights
+    from freetoken.models.weights import LayerWeights
     H, D, E, I = cfg.hidden_size, cfg.head_dim, cfg.num_experts, cfg.moe_intermediate_size
     Hq, G = cfg.num_heads, cfg.num_kv_heads
     return tuple(LayerWeights(
@@ -164,14 +165,14 @@ def _moe_layers(cfg: ModelConfig, shape, gen) -> tuple:
 
 
 def _hybrid_layers(cfg: ModelConfig, shape, gen) -> tuple:
-    from freetoken.models.synth_hybrid import layers
+    from freetoken.models.synth_gdn import layers
     return layers(cfg, shape, gen)
 
 
 def weight_bytes(cfg: ModelConfig) -> int:
     """bf16 bytes of every weight of a model of this config (all MoE layers, or a hybrid)."""
-    if cfg.is_hybrid:
-        from freetoken.models.synth_hybrid import weight_bytes as hybrid_bytes
+    if cfg.has_gdn:
+        from freetoken.models.synth_gdn import weight_bytes as hybrid_bytes
         return hybrid_bytes(cfg)
     H, V, D, E, I = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_experts, cfg.moe_intermediate_size
     Hq, G = cfg.num_heads, cfg.num_kv_heads

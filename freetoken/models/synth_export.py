@@ -61,7 +61,7 @@ def hf_tensors(cfg, weights) -> dict:
 
 
 def _write_shards(out: Path, tensors: dict, shard_bytes: int) -> None:
-    from freetoken.weights import save_safetensors
+    from freetoken.models.weights import save_safetensors
     shards, size = [{}], 0
     for name, arr in tensors.items():
         if size and size + arr.nbytes > shard_bytes:

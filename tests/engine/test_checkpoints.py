@@ -197,11 +197,12 @@ def test_the_default_budget_is_per_running_request_and_capped_by_available_memor
     memory available; the device tier only what the GPU plan left over, at most the host tier;
     the log sentence says which. Explicit flags are taken as given."""
     from freetoken import env
-    from freetoken.config import EngineConfig, ModelConfig
+    from freetoken.config import EngineConfig
+    from freetoken.models.hf_config import model_config_from_dict
     from freetoken.engine.build import CHECKPOINTS_PER_REQUEST, checkpoint_budgets
     from freetoken.engine.state_pool import StatePool
-    from freetoken.models.synth_hybrid import PRESETS
-    cfg = ModelConfig.from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
+    from freetoken.models.synth_gdn import PRESETS
+    cfg = model_config_from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
     row = StatePool.bytes_per_row(cfg)
     monkeypatch.setattr(env, "available_memory_bytes", lambda: 1 << 40)
     host, device, why = checkpoint_budgets(cfg, EngineConfig(max_running_requests=2), 0)

@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-pytest.importorskip("llguidance", reason="constrained decoding needs the grammar extra: pip install 'freetoken[grammar]'")
 pytestmark = pytest.mark.gpu
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from freetoken.config import ConfigError, EngineConfig, ModelConfig
+from freetoken.config import ConfigError, EngineConfig
+from freetoken.models.hf_config import model_config_from_dict, read_model_config
 from freetoken.demo import packaged_demo_dir
 from freetoken.engine import gpu_budget as gb
 from freetoken.models.synth import PRESETS
@@ -13,7 +14,7 @@ from freetoken.models.synth import PRESETS
 # --gpu-memory-gb is an EngineConfig field the CLI adds; a subclass stands in until it lands
 Capped = dataclasses.make_dataclass("Capped", [("gpu_memory_gb", float, 0.0)],
                                     bases=(EngineConfig,), frozen=True)
-BIG = ModelConfig.from_dict(PRESETS["qwen3-30b-a3b"].hf_config())   # 48 x 128 experts, bf16
+BIG = model_config_from_dict(PRESETS["qwen3-30b-a3b"].hf_config())   # 48 x 128 experts, bf16
 
 
 def _sum(p):
@@ -94,7 +95,7 @@ def test_weights_that_do_not_fit_are_named():
 
 
 def test_demo_model_fits_whole():
-    demo = ModelConfig.from_hf(packaged_demo_dir())
+    demo = read_model_config(packaged_demo_dir())
     p = gb.plan_gpu_memory(demo, EngineConfig(), int(8 * gb.GB))
     assert p.fits_all_experts and p.expert_slots == 4 * 16 and p.workspace_bytes >= gb.MIN_WORKSPACE
 
@@ -105,7 +106,7 @@ def test_fp32_checkpoints_count_four_bytes():
     assert gb.kv_bytes_per_token(f32, EngineConfig()) == 2 * gb.kv_bytes_per_token(BIG, EngineConfig())
 
 
-QWEN36 = ModelConfig.from_dict(__import__("freetoken.models.synth_hybrid", fromlist=["PRESETS"])
+QWEN36 = model_config_from_dict(__import__("freetoken.models.synth_gdn", fromlist=["PRESETS"])
                                .PRESETS["qwen3.6-35b-a3b"].hf_config())
 
 

@@ -46,7 +46,6 @@ def test_without_the_extra_start_up_says_off(monkeypatch, caplog, demo_tokenizer
 
 
 def test_background_build_logs_once_and_the_thread_ends(demo_tokenizer):
-    pytest.importorskip("llguidance", reason="needs the grammar extra")
     g, log = grammar.Grammars(demo_tokenizer.to_json(), 4096, demo_tokenizer.stop_token_ids), Lines()
     g.build_in_background(log)
     g.join()
@@ -60,7 +59,6 @@ def test_background_build_logs_once_and_the_thread_ends(demo_tokenizer):
 
 
 def test_a_tokenizer_llguidance_cannot_read_is_off_once(demo_tokenizer):
-    pytest.importorskip("llguidance", reason="needs the grammar extra")
     g, log = grammar.Grammars("{}", 4096, [0]), Lines()
     g.build_in_background(log)
     g.join()
@@ -71,7 +69,6 @@ def test_a_tokenizer_llguidance_cannot_read_is_off_once(demo_tokenizer):
             g.matcher(grammar.json_grammar())
 
 
-@pytest.mark.skipif(not grammar.available(), reason="llguidance is not installed")
 def test_the_tool_call_grammar_of_real_harness_tools_compiles(demo_tokenizer):
     """Claude Code's and Codex CLI's own tool lists (captured traffic) compile as a tool-call
     grammar (tool_choice "required" / "any"): keywords llguidance lacks (propertyNames) are

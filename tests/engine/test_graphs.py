@@ -66,13 +66,13 @@ def demo():
     cp = load_cupy()
 
     from freetoken.backend import get_ops
-    from freetoken.config import ModelConfig
+    from freetoken.models.hf_config import read_model_config
     from freetoken.demo import packaged_demo_dir
     from freetoken.engine.graphs import DecodeGraphs
     from freetoken.engine.kv_pool import KVPool
     from freetoken.models.qwen3_moe import Qwen3Moe
-    from freetoken.weights import load_weights
-    cfg = ModelConfig.from_hf(packaged_demo_dir())
+    from freetoken.models.weights import load_weights
+    cfg = read_model_config(packaged_demo_dir())
     ops = _with_out(get_ops("cuda"))
     weights = _to_device(load_weights(packaged_demo_dir(), cfg), cp)
     kv = KVPool(cfg.num_layers, 4096, cfg.num_kv_heads, cfg.head_dim, np.uint16, cp)

@@ -5,7 +5,7 @@ import pytest
 
 from freetoken.cupy_loader import cupy as load_cupy
 from freetoken.kernels import gated_rms_norm
-from tests.helpers import assert_close
+from tests.helpers import assert_close, assert_launches
 from tests.kernels.test_gated_rms_norm import gated_args
 
 pytestmark = pytest.mark.gpu
@@ -34,10 +34,14 @@ def test_gpu_in_place(target):
 
 
 def test_gpu_zero_rows_launch_nothing():
+    """No rows: no kernel (CUDA rejects a zero grid); one row: one, so the count sees a launch."""
     cp = load_cupy()
-    out = cp.empty((0, 128), cp.float32)
-    e = cp.empty((0, 128), cp.float32)
-    gated_rms_norm.gpu(e, e, cp.ones(128, cp.float32), 1e-6, out)
+    w = cp.ones(128, cp.float32)
+    for rows, launched in ((0, 0), (1, 1)):
+        x, out = cp.ones((rows, 128), cp.float32), cp.empty((rows, 128), cp.float32)
+        assert_launches(lambda: gated_rms_norm.gpu(x, x, w, 1e-6, out), launched)
+    assert_close("gated_rms_norm gpu one row", gated_rms_norm.ref(x.get(), x.get(), w.get(), 1e-6),
+                 out.get(), 1e-5, 1e-5)
 
 
 @pytest.mark.heavy

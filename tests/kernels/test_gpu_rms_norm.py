@@ -4,7 +4,7 @@ import pytest
 
 from freetoken.kernels import rms_norm
 from freetoken.kernels._bf16 import from_f32
-from tests.helpers import assert_close
+from tests.helpers import assert_close, assert_launches
 from freetoken.cupy_loader import cupy as load_cupy
 
 pytestmark = pytest.mark.gpu
@@ -37,6 +37,11 @@ def test_gpu_in_place():
 
 
 def test_gpu_zero_rows_launch_nothing():
+    """No rows: no kernel (CUDA rejects a zero grid); one row: one, so the count sees a launch."""
     cp = load_cupy()
-    out = cp.empty((0, 64), cp.float32)
-    rms_norm.gpu(cp.empty((0, 64), cp.float32), cp.ones(64, cp.float32), 1e-6, out)
+    w = cp.ones(64, cp.float32)
+    for rows, launched in ((0, 0), (1, 1)):
+        x, out = cp.ones((rows, 64), cp.float32), cp.empty((rows, 64), cp.float32)
+        assert_launches(lambda: rms_norm.gpu(x, w, 1e-6, out), launched)
+    assert_close("rms_norm gpu one row", rms_norm.ref(x.get(), w.get(), 1e-6), out.get(),
+                 1e-5, 1e-5)

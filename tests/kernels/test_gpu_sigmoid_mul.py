@@ -5,7 +5,7 @@ import pytest
 
 from freetoken.cupy_loader import cupy as load_cupy
 from freetoken.kernels import sigmoid_mul
-from tests.helpers import assert_close
+from tests.helpers import assert_close, assert_launches
 from tests.kernels.test_sigmoid_mul import gate_args
 
 pytestmark = pytest.mark.gpu
@@ -41,9 +41,14 @@ def test_gpu_extreme_gates():
 
 
 def test_gpu_zero_rows_launch_nothing():
+    """No rows: no kernel (CUDA rejects a zero grid); one row: one, so the count sees a launch."""
     cp = load_cupy()
-    e = cp.empty((0, 64), cp.float32)
-    sigmoid_mul.gpu(e, cp.empty((0, 1), cp.float32), e)
+    for rows, launched in ((0, 0), (1, 1)):
+        x, gate = cp.ones((rows, 64), cp.float32), cp.ones((rows, 1), cp.float32)
+        out = cp.empty((rows, 64), cp.float32)
+        assert_launches(lambda: sigmoid_mul.gpu(x, gate, out), launched)
+    assert_close("sigmoid_mul gpu one row", sigmoid_mul.ref(x.get(), gate.get()), out.get(),
+                 1e-6, 1e-5)
 
 
 @pytest.mark.heavy

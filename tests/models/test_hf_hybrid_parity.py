@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from freetoken import LLM, SamplingParams
-from freetoken.weights import SafetensorsFile, WeightsError, save_safetensors
+from freetoken.models.weights import SafetensorsFile, WeightsError, save_safetensors
 from tests.models.test_hf_parity import teacher_forced_logits
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from freetoken import LLM, SamplingParams
-from freetoken.models.qwen3_moe import ForwardBatch
+from freetoken.models.forward_batch import ForwardBatch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 CHECKPOINTS = ["qwen3moe_norm", "qwen3moe_nonorm"]

@@ -8,7 +8,8 @@ import logging
 import pytest
 
 from freetoken import LLM, SamplingParams
-from freetoken.config import ConfigError, ModelConfig
+from freetoken.config import ConfigError
+from freetoken.models.hf_config import model_config_from_dict
 
 SYNTH = "synth:tiny-hybrid"
 PROMPTS = ["def fibonacci(n):\n    return", "import os\nimport sys\n"]
@@ -68,5 +69,5 @@ def test_checkpoints_are_on_by_default_and_off_says_so(caplog):
 
 def test_unknown_architecture_names_the_supported_ones():
     with pytest.raises(ConfigError, match="Qwen3NextForCausalLM") as e:
-        ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"]})
+        model_config_from_dict({"architectures": ["LlamaForCausalLM"]})
     assert "LlamaForCausalLM" in str(e.value) and "Qwen3_5MoeForConditionalGeneration" in str(e.value)

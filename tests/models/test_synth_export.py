@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from freetoken.cli import main
-from freetoken.config import ConfigError, ModelConfig
+from freetoken.config import ConfigError
+from freetoken.models.hf_config import read_model_config
 from freetoken.models.synth import synth_model
 from freetoken.models.synth_export import export_synth
-from freetoken.weights import load_weights
+from freetoken.models.weights import load_weights
 
 from tests.models.test_synth import _arrays
 
@@ -17,7 +18,7 @@ from tests.models.test_synth import _arrays
 def test_export_loads_back_bit_for_bit(tmp_path):
     path = export_synth("tiny", tmp_path / "tiny")
     cfg, synth = synth_model("tiny", None)
-    loaded_cfg = ModelConfig.from_hf(path)
+    loaded_cfg = read_model_config(path)
     assert loaded_cfg == cfg
     loaded = load_weights(path, loaded_cfg)
     for a, b in zip(_arrays(synth), _arrays(loaded), strict=True):
@@ -46,7 +47,7 @@ def test_cli_writes_shards_with_an_index(tmp_path, monkeypatch):
     index = json.loads((tmp_path / "m" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert "model.layers.2.mlp.experts.7.down_proj.weight" in index["weight_map"]
-    cfg = ModelConfig.from_hf(tmp_path / "m")
+    cfg = read_model_config(tmp_path / "m")
     _, synth = synth_model("tiny,layers=3", None)
     loaded = load_weights(tmp_path / "m", cfg)
     np.testing.assert_array_equal(synth.layers[2].gate_up, loaded.layers[2].gate_up)

@@ -4,7 +4,8 @@ Shape legend: T tokens, H hidden, E experts, k routed, I expert width, S slots.
 """
 import numpy as np
 
-from freetoken.config import EngineConfig, ModelConfig
+from freetoken.config import EngineConfig
+from freetoken.models.hf_config import model_config_from_dict
 from freetoken.kernels._bf16 import from_f32, to_f32
 from freetoken.moe.device import HostDevice
 from freetoken.moe.runtime import build_moe
@@ -59,7 +60,7 @@ L, E, K, H, I = 3, 8, 2, 16, 8
 
 
 def model_config(layers=L, experts=E, top_k=K):
-    return ModelConfig.from_dict({
+    return model_config_from_dict({
         "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": H,
         "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": 1,
         "head_dim": 8, "num_experts": experts, "num_experts_per_tok": top_k,

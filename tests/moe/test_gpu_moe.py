@@ -29,14 +29,6 @@ RUNS = {  # fixtures: 3 layers of 8 experts, top-2 or top-3; one step needs at m
 }
 
 
-def gpu_experts():
-    from freetoken.kernels import experts
-    op = getattr(experts, "gpu", None)
-    if op is None:
-        pytest.skip("freetoken.kernels.experts has no gpu wrapper yet")
-    return op
-
-
 @pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_greedy_tokens_match_hf(name, run):
@@ -58,13 +50,13 @@ def test_greedy_tokens_match_hf(name, run):
 # --- the runtime itself --------------------------------------------------------------------------
 
 def build(backend, banks, host=None, **kw):
-    from freetoken.kernels.experts import cpu as cpu_op
+    from freetoken.kernels.experts import cpu as cpu_op, gpu as gpu_op
     from freetoken.moe.device import CudaDevice
     from freetoken.moe.runtime import build_moe
     opts = {k: v for k, v in kw.items() if k in EngineConfig.field_names()}
     extra = {k: v for k, v in kw.items() if k not in opts}
     rt = build_moe(model_config(), host if host is not None else banks,
-                   engine(moe_backend=backend, **opts), gpu_experts(), None, backend=backend,
+                   engine(moe_backend=backend, **opts), gpu_op, None, backend=backend,
                    dev=CudaDevice(), cpu_op=cpu_op, **extra)
     return rt
 
@@ -127,11 +119,11 @@ def test_prefill_overlap_gives_the_same_outputs(pinned):
         assert on.streamer.overlap
         got_on = run(on, calls)
         assert on.streamer.loads == len(calls)
-    from freetoken.kernels.experts import cpu as cpu_op
+    from freetoken.kernels.experts import cpu as cpu_op, gpu as gpu_op
     from freetoken.moe.device import CudaDevice
     from freetoken.moe.runtime import MoERuntime
     from freetoken.moe.split import FetchPolicy
-    with MoERuntime("offload", host, CudaDevice(), gpu_experts(), cpu_op, num_slots=20,
+    with MoERuntime("offload", host, CudaDevice(), gpu_op, cpu_op, num_slots=20,
                        policy=FetchPolicy.fetch_all(), disable_overlap=True) as off:
         assert not off.streamer.overlap
         got_off = run(off, calls)
@@ -141,7 +133,7 @@ def test_prefill_overlap_gives_the_same_outputs(pinned):
 
 def teacher_forced_logits(llm, ids: np.ndarray) -> np.ndarray:
     """f32[T, V] after every position of ids, one prefill forward (host copy of the logits)."""
-    from freetoken.models.qwen3_moe import ForwardBatch
+    from freetoken.models.forward_batch import ForwardBatch
     core, T = llm.core, len(ids)
     slots = np.asarray(core.kv.alloc(T), dtype=np.int32)
     try:
@@ -154,8 +146,6 @@ def teacher_forced_logits(llm, ids: np.ndarray) -> np.ndarray:
 
 
 def test_prefill_overlap_same_logits_through_the_engine():
-    if "disable_moe_prefill_overlap" not in EngineConfig.field_names():
-        pytest.skip("EngineConfig has no disable_moe_prefill_overlap yet")
     from freetoken import LLM
     d = FIXTURES / "qwen3moe_norm" / "fp32"
     exp = np.load(d / "expected.npz")

@@ -80,7 +80,7 @@ def test_overflow_ids():
 
 def test_numba_kernel_on_worker_and_caller_at_once(rng):
     """The real cpu kernel runs on the worker while the caller runs it too (nogil + threading layer)."""
-    experts = pytest.importorskip("freetoken.kernels.experts")
+    from freetoken.kernels import experts
     x, ids, w, gu, dn = _problem(rng, T=2, E=8, H=64, I=32, k=4)
     want = np_experts(x, ids, w, gu, dn)
     with CpuExecutor(experts.cpu, threads=1) as ex:

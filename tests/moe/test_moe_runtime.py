@@ -46,7 +46,7 @@ def test_backends_match_fused(setup, name):
 
 def test_hybrid_with_the_numba_kernel(setup):
     """The real cpu experts op on the executor thread and on the caller at the same time."""
-    experts = pytest.importorskip("freetoken.kernels.experts")
+    from freetoken.kernels import experts
     banks, calls, want = setup
     ec = engine(moe_backend="hybrid", moe_cache_size=6, moe_fetch_fraction=0.3, moe_cpu_threads=1)
     with build_moe(model_config(), banks, ec, experts.cpu, lambda m: None) as rt:

@@ -153,7 +153,8 @@ def test_default_max_tokens_caps_requests_that_give_none(demo_tokenizer, default
 
 
 def test_default_max_tokens_flag_comes_from_the_config_field():
-    from freetoken.cli import build_parser, config_from_args
+    from freetoken.cli import build_parser
+    from freetoken.flags import config_from_args
     from freetoken.server.config import ServerConfig
     args = build_parser().parse_args(["serve", "--default-max-tokens", "7"])
     assert config_from_args(args, ServerConfig).default_max_tokens == 7

@@ -11,8 +11,6 @@ import openai
 import pytest
 from server_helpers import MODEL
 
-pytest.importorskip("llguidance", reason="constrained decoding needs the grammar extra: pip install 'freetoken[grammar]'")
-
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
                                            "kind": {"enum": ["cat", "dog"]}},

@@ -66,13 +66,13 @@ PRESETS = {
 
 
 def layers(cfg, shape: HybridShape, gen) -> tuple:
-    """HybridLayerWeights of every layer, drawn from synth's generator in a fixed order."""
-    from freetoken.weights_hybrid import HybridLayerWeights
+    """GdnLayerWeights of every layer, drawn from synth's generator in a fixed order."""
+    from freetoken.models.gdn_weights import GdnLayerWeights
     H, E, I, Is = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
     out = []
     for i in range(cfg.num_layers):
         mixer = _gdn(cfg, gen) if cfg.is_linear_layer(i) else _attention(cfg, shape, gen)
-        out.append(HybridLayerWeights(
+        out.append(GdnLayerWeights(
             input_norm=gen.norm(H), post_norm=gen.norm(H), **mixer,
             router=gen.matrix((E, H)), gate_up=gen.matrix((E, 2 * I, H)), down=gen.matrix((E, H, I)),
             shared_gate_up=gen.matrix((1, 2 * Is, H)), shared_down=gen.matrix((1, H, Is)),
@@ -96,5 +96,5 @@ def _gdn(cfg, gen) -> dict:
 
 def weight_bytes(cfg) -> int:
     """bf16 bytes of every weight of a hybrid of this config."""
-    from freetoken.weights_hybrid import hybrid_param_count
-    return 2 * hybrid_param_count(cfg)
+    from freetoken.models.gdn_weights import gdn_param_count
+    return 2 * gdn_param_count(cfg)

@@ -1,5 +1,6 @@
-"""The Qwen3-MoE loader producing ModelWeights (the safetensors reader and writer: safetensors_io.py,
-re-exported here).
+"""ModelWeights / LayerWeights, the Qwen3-MoE loader, and the reading helpers every family's
+loader shares (models/hf_gdn.py uses them too). The safetensors reader and writer live in
+models/safetensors_io.py (re-exported here).
 
 Layout of ModelWeights/LayerWeights: docs/contracts.md. bf16 travels as uint16.
 """
@@ -15,7 +16,7 @@ import numpy as np
 from freetoken.config import ModelConfig
 from freetoken.kernels._bf16 import from_f32, to_f32
 from freetoken.progress import progress
-from freetoken.safetensors_io import (Checkpoint, SafetensorsFile, WeightsError,  # noqa: F401
+from freetoken.models.safetensors_io import (Checkpoint, SafetensorsFile, WeightsError,  # noqa: F401
                                       canonical_name, save_safetensors)
 
 
@@ -45,19 +46,23 @@ class ModelWeights:
 # --- Qwen3-MoE loader ------------------------------------------------------------------------
 
 def load_weights(model_dir: str | Path, cfg: ModelConfig, log=None) -> ModelWeights:
-    """Load a Qwen3-MoE checkpoint (a hybrid's: hf_hybrid.py) into ModelWeights: uint16 when the
-    checkpoint is (mostly) bf16, float32 otherwise; each tensor whose stored dtype matches is read
-    from the file straight into its place in the final arrays (no mapping, no second copy)."""
+    """Load a checkpoint of any registered family into ModelWeights: uint16 when the checkpoint is
+    (mostly) bf16, float32 otherwise; each tensor whose stored dtype matches is read from the file
+    straight into its place in the final arrays (no mapping, no second copy). The family's loader
+    comes from the architecture table (models/registry.py)."""
+    from freetoken.models.registry import weights_loader
     ck = Checkpoint(model_dir)
     dtype = np.dtype(np.uint16) if ck.bf16_majority() else np.dtype(np.float32)
-    if cfg.is_hybrid:
-        from freetoken.hf_hybrid import load_hybrid
-        return load_hybrid(ck, cfg, dtype, log)
+    return weights_loader(cfg.architecture)(ck, cfg, dtype, log)
+
+
+def load_qwen3_moe(ck: Checkpoint, cfg: ModelConfig, dtype: np.dtype, log=None) -> ModelWeights:
+    """A Qwen3-MoE checkpoint (Qwen3MoeForCausalLM) into ModelWeights."""
     V, H = cfg.vocab_size, cfg.hidden_size
-    embed = _load(ck, "model.embed_tokens.weight", (V, H), dtype)
-    lm_head = embed if cfg.tie_word_embeddings else _load(ck, "lm_head.weight", (V, H), dtype)
+    embed = read_tensor(ck, "model.embed_tokens.weight", (V, H), dtype)
+    lm_head = embed if cfg.tie_word_embeddings else read_tensor(ck, "lm_head.weight", (V, H), dtype)
     layers = load_layers(lambda i: _load_layer(ck, cfg, i, dtype), cfg.num_layers)
-    return ModelWeights(embed=embed, final_norm=_load(ck, "model.norm.weight", (H,), dtype),
+    return ModelWeights(embed=embed, final_norm=read_tensor(ck, "model.norm.weight", (H,), dtype),
                         lm_head=lm_head, layers=layers)
 
 
@@ -70,7 +75,7 @@ def load_layers(load_one, n: int) -> tuple:
         return tuple(progress(pool.map(load_one, range(n)), n, "loading layers"))
 
 
-def _load(ck: Checkpoint, name: str, shape: tuple[int, ...], dtype: np.dtype,
+def read_tensor(ck: Checkpoint, name: str, shape: tuple[int, ...], dtype: np.dtype,
           out: np.ndarray | None = None) -> np.ndarray:
     """Tensor `name` in the model dtype, into `out` when given: read straight into it when the
     stored dtype matches, else read, converted and copied."""
@@ -89,37 +94,37 @@ def _load_layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype: np.dtype) -> La
     p = f"model.layers.{i}."
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     qkv = np.empty(((Hq + 2 * G) * D, H), dtype)  # [(Hq+2G)*D, H]
-    for rows, (proj, heads) in zip(_row_slices(Hq * D, G * D, G * D),
+    for rows, (proj, heads) in zip(row_slices(Hq * D, G * D, G * D),
                                    (("q", Hq), ("k", G), ("v", G))):
-        _load(ck, f"{p}self_attn.{proj}_proj.weight", (heads * D, H), dtype, out=qkv[rows])
+        read_tensor(ck, f"{p}self_attn.{proj}_proj.weight", (heads * D, H), dtype, out=qkv[rows])
     if cfg.is_moe_layer(i):
-        router = _load(ck, f"{p}mlp.gate.weight", (cfg.num_experts, H), dtype)
-        gate_up, down = _expert_banks(ck, cfg, p, dtype)
+        router = read_tensor(ck, f"{p}mlp.gate.weight", (cfg.num_experts, H), dtype)
+        gate_up, down = expert_banks(ck, cfg, p, dtype)
     else:
         router = None
-        gate_up, down = _dense_banks(ck, cfg, p, dtype)
+        gate_up, down = dense_banks(ck, cfg, p, dtype)
     return LayerWeights(
-        input_norm=_load(ck, f"{p}input_layernorm.weight", (H,), dtype),
-        post_norm=_load(ck, f"{p}post_attention_layernorm.weight", (H,), dtype),
+        input_norm=read_tensor(ck, f"{p}input_layernorm.weight", (H,), dtype),
+        post_norm=read_tensor(ck, f"{p}post_attention_layernorm.weight", (H,), dtype),
         qkv=qkv,
-        o_proj=_load(ck, f"{p}self_attn.o_proj.weight", (H, Hq * D), dtype),
-        q_norm=_load(ck, f"{p}self_attn.q_norm.weight", (D,), dtype),
-        k_norm=_load(ck, f"{p}self_attn.k_norm.weight", (D,), dtype),
+        o_proj=read_tensor(ck, f"{p}self_attn.o_proj.weight", (H, Hq * D), dtype),
+        q_norm=read_tensor(ck, f"{p}self_attn.q_norm.weight", (D,), dtype),
+        k_norm=read_tensor(ck, f"{p}self_attn.k_norm.weight", (D,), dtype),
         router=router, gate_up=gate_up, down=down)
 
 
-def _row_slices(*sizes: int) -> list[slice]:
+def row_slices(*sizes: int) -> list[slice]:
     starts = np.cumsum((0,) + sizes)
     return [slice(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
 
 
-def _expert_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
+def expert_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
                   dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """gate_up [E, 2I, H] (gate rows first) and down [E, H, I], each expert contiguous."""
     E, I, H = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
     if f"{p}mlp.experts.gate_up_proj" in ck:  # transformers-5 packed layout is already ours
-        return (_load(ck, f"{p}mlp.experts.gate_up_proj", (E, 2 * I, H), dtype),
-                _load(ck, f"{p}mlp.experts.down_proj", (E, H, I), dtype))
+        return (read_tensor(ck, f"{p}mlp.experts.gate_up_proj", (E, 2 * I, H), dtype),
+                read_tensor(ck, f"{p}mlp.experts.down_proj", (E, H, I), dtype))
     gate_up = np.empty((E, 2 * I, H), dtype)
     down = np.empty((E, H, I), dtype)
     items = []          # read into a preallocated bank: no list of copies, no np.stack
@@ -129,16 +134,16 @@ def _expert_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
                   (f"{q}up_proj.weight", (I, H), gate_up[e, I:]),
                   (f"{q}down_proj.weight", (H, I), down[e])]
     for name, shape, out in ck.read_many(items):
-        _load(ck, name, shape, dtype, out=out)
+        read_tensor(ck, name, shape, dtype, out=out)
     return gate_up, down
 
 
-def _dense_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
+def dense_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """A dense-MLP layer as a one-expert bank: gate_up [1, 2I, H], down [1, H, I]."""
     I, H = cfg.intermediate_size, cfg.hidden_size
     gate_up = np.empty((1, 2 * I, H), dtype)
-    _load(ck, f"{p}mlp.gate_proj.weight", (I, H), dtype, out=gate_up[0, :I])
-    _load(ck, f"{p}mlp.up_proj.weight", (I, H), dtype, out=gate_up[0, I:])
-    down = _load(ck, f"{p}mlp.down_proj.weight", (H, I), dtype)[None]
+    read_tensor(ck, f"{p}mlp.gate_proj.weight", (I, H), dtype, out=gate_up[0, :I])
+    read_tensor(ck, f"{p}mlp.up_proj.weight", (I, H), dtype, out=gate_up[0, I:])
+    down = read_tensor(ck, f"{p}mlp.down_proj.weight", (H, I), dtype)[None]
     return gate_up, down

@@ -16,7 +16,7 @@ import numpy as np
 
 
 @dataclass(frozen=True, eq=False)
-class HybridLayerWeights:
+class GdnLayerWeights:
     input_norm: np.ndarray              # [H]
     post_norm: np.ndarray               # [H]
     # gated full attention (None on GDN layers)
@@ -45,7 +45,7 @@ class HybridLayerWeights:
 
 
 
-def hybrid_param_count(cfg) -> int:
+def gdn_param_count(cfg) -> int:
     """Weights of a hybrid of this config, every expert included (A_log, dt_bias counted as two)."""
     H, V, D, Hq, G = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size

@@ -1,47 +1,47 @@
-"""The Hugging Face loader of the Gated DeltaNet hybrids (Qwen3.5/3.6-MoE, with or without the
-vision wrapper, and Qwen3-Next) into HybridLayerWeights (weights_hybrid.py).
+"""The Hugging Face loader of the Gated DeltaNet (GDN) models (Qwen3.5/3.6-MoE, with or without the
+vision wrapper, and Qwen3-Next) into GdnLayerWeights (models/gdn_weights.py).
 
 What it reconciles: Qwen3.5 stores the GDN projections apart (in_proj_qkv, _z, _b, _a), Qwen3-Next
 packs them (in_proj_qkvz, in_proj_ba) grouped per key head, [q | k | v | z] and [b | a] within a
 group; both become one in_proj with rows [q, k, v (all heads each) | z | b | a]. Experts stored
-per expert or packed land in the same banks (weights._expert_banks). The Gemma-style norms store
+per expert or packed land in the same banks (weights.expert_banks). The Gemma-style norms store
 w and scale by 1 + w: the factor is folded in here, kept in float32 (1 + w rounded to bf16 would
 lose w's low bits). Vision (model.visual.*) and multi-token-prediction (mtp.*) weights are not
 read: this build serves text.
-Shape legend as weights_hybrid.py.
+Shape legend as models/gdn_weights.py.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from freetoken.config import ModelConfig
-from freetoken.weights import (Checkpoint, ModelWeights, _dense_banks, _expert_banks, _load, _row_slices,
-                               load_layers)
-from freetoken.weights_hybrid import HybridLayerWeights
+from freetoken.models.gdn_weights import GdnLayerWeights
+from freetoken.models.weights import (Checkpoint, ModelWeights, dense_banks, expert_banks, load_layers, read_tensor,
+                                      row_slices)
 
 F32 = np.dtype(np.float32)
 
 
-def load_hybrid(ck: Checkpoint, cfg: ModelConfig, dtype: np.dtype, log=None) -> ModelWeights:
+def load_gdn(ck: Checkpoint, cfg: ModelConfig, dtype: np.dtype, log=None) -> ModelWeights:
     skipped = [n for n in ck.names() if n.startswith(("model.visual.", "visual.", "mtp."))]
     if skipped and log is not None:
         log.info("text only: %d vision / multi-token-prediction tensors are not loaded", len(skipped))
     V, H = cfg.vocab_size, cfg.hidden_size
-    embed = _load(ck, "model.embed_tokens.weight", (V, H), dtype)
-    lm_head = embed if cfg.tie_word_embeddings else _load(ck, "lm_head.weight", (V, H), dtype)
+    embed = read_tensor(ck, "model.embed_tokens.weight", (V, H), dtype)
+    lm_head = embed if cfg.tie_word_embeddings else read_tensor(ck, "lm_head.weight", (V, H), dtype)
     layers = load_layers(lambda i: _layer(ck, cfg, i, dtype), cfg.num_layers)
     return ModelWeights(embed=embed, final_norm=_norm(ck, "model.norm.weight", H), lm_head=lm_head, layers=layers)
 
 
 def _norm(ck: Checkpoint, name: str, n: int) -> np.ndarray:
     """A Gemma-style norm's factor 1 + w, float32."""
-    return (np.float32(1.0) + _load(ck, name, (n,), F32)).astype(np.float32)
+    return (np.float32(1.0) + read_tensor(ck, name, (n,), F32)).astype(np.float32)
 
 
-def _layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype) -> HybridLayerWeights:
+def _layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype) -> GdnLayerWeights:
     p, H = f"model.layers.{i}.", cfg.hidden_size
     mixer = _gdn(ck, cfg, p, dtype) if cfg.is_linear_layer(i) else _attention(ck, cfg, p, dtype)
-    return HybridLayerWeights(input_norm=_norm(ck, f"{p}input_layernorm.weight", H),
+    return GdnLayerWeights(input_norm=_norm(ck, f"{p}input_layernorm.weight", H),
                               post_norm=_norm(ck, f"{p}post_attention_layernorm.weight", H),
                               **mixer, **_mlp(ck, cfg, i, p, dtype))
 
@@ -49,9 +49,9 @@ def _layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype) -> HybridLayerWeight
 def _attention(ck: Checkpoint, cfg: ModelConfig, p: str, dtype) -> dict:
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     qkv = np.empty(((2 * Hq + 2 * G) * D, H), dtype)
-    for rows, (proj, n) in zip(_row_slices(2 * Hq * D, G * D, G * D), (("q", 2 * Hq * D), ("k", G * D), ("v", G * D))):
-        _load(ck, f"{p}self_attn.{proj}_proj.weight", (n, H), dtype, out=qkv[rows])
-    return dict(qkv=qkv, o_proj=_load(ck, f"{p}self_attn.o_proj.weight", (H, Hq * D), dtype),
+    for rows, (proj, n) in zip(row_slices(2 * Hq * D, G * D, G * D), (("q", 2 * Hq * D), ("k", G * D), ("v", G * D))):
+        read_tensor(ck, f"{p}self_attn.{proj}_proj.weight", (n, H), dtype, out=qkv[rows])
+    return dict(qkv=qkv, o_proj=read_tensor(ck, f"{p}self_attn.o_proj.weight", (H, Hq * D), dtype),
                 q_norm=_norm(ck, f"{p}self_attn.q_norm.weight", D), k_norm=_norm(ck, f"{p}self_attn.k_norm.weight", D))
 
 
@@ -60,19 +60,19 @@ def _gdn(ck: Checkpoint, cfg: ModelConfig, p: str, dtype) -> dict:
         cfg.linear_conv_kernel_dim
     q = f"{p}linear_attn."
     in_proj = _packed_in_proj(ck, cfg, q, dtype) if f"{q}in_proj_qkvz.weight" in ck else _split_in_proj(ck, cfg, q, dtype)
-    return dict(in_proj=in_proj, conv=np.ascontiguousarray(_load(ck, f"{q}conv1d.weight", (C, 1, K), dtype)[:, 0]),
-                A_log=_load(ck, f"{q}A_log", (Hv,), F32), dt_bias=_load(ck, f"{q}dt_bias", (Hv,), F32),
-                gdn_norm=_load(ck, f"{q}norm.weight", (Dv,), dtype),
-                out_proj=_load(ck, f"{q}out_proj.weight", (H, Hv * Dv), dtype))
+    return dict(in_proj=in_proj, conv=np.ascontiguousarray(read_tensor(ck, f"{q}conv1d.weight", (C, 1, K), dtype)[:, 0]),
+                A_log=read_tensor(ck, f"{q}A_log", (Hv,), F32), dt_bias=read_tensor(ck, f"{q}dt_bias", (Hv,), F32),
+                gdn_norm=read_tensor(ck, f"{q}norm.weight", (Dv,), dtype),
+                out_proj=read_tensor(ck, f"{q}out_proj.weight", (H, Hv * Dv), dtype))
 
 
 def _split_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype) -> np.ndarray:
     """Qwen3.5: in_proj_qkv [C, H], in_proj_z [Hv*Dv, H], in_proj_b / in_proj_a [Hv, H], stacked."""
     H, Hv, Dv, C = cfg.hidden_size, cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim
     out = np.empty((C + Hv * Dv + 2 * Hv, H), dtype)
-    for rows, (name, n) in zip(_row_slices(C, Hv * Dv, Hv, Hv),
+    for rows, (name, n) in zip(row_slices(C, Hv * Dv, Hv, Hv),
                                (("in_proj_qkv", C), ("in_proj_z", Hv * Dv), ("in_proj_b", Hv), ("in_proj_a", Hv))):
-        _load(ck, f"{q}{name}.weight", (n, H), dtype, out=out[rows])
+        read_tensor(ck, f"{q}{name}.weight", (n, H), dtype, out=out[rows])
     return out
 
 
@@ -83,8 +83,8 @@ def _packed_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype) -> np.ndarr
     H, Hk, Hv, Dk, Dv = cfg.hidden_size, cfg.linear_num_key_heads, cfg.linear_num_value_heads, \
         cfg.linear_key_head_dim, cfg.linear_value_head_dim
     r = Hv // Hk
-    qkvz = _load(ck, f"{q}in_proj_qkvz.weight", (Hk * (2 * Dk + 2 * r * Dv), H), dtype).reshape(Hk, -1, H)
-    ba = _load(ck, f"{q}in_proj_ba.weight", (Hk * 2 * r, H), dtype).reshape(Hk, 2 * r, H)
+    qkvz = read_tensor(ck, f"{q}in_proj_qkvz.weight", (Hk * (2 * Dk + 2 * r * Dv), H), dtype).reshape(Hk, -1, H)
+    ba = read_tensor(ck, f"{q}in_proj_ba.weight", (Hk * 2 * r, H), dtype).reshape(Hk, 2 * r, H)
     parts = [qkvz[:, :Dk], qkvz[:, Dk:2 * Dk], qkvz[:, 2 * Dk:2 * Dk + r * Dv], qkvz[:, 2 * Dk + r * Dv:],
              ba[:, :r], ba[:, r:]]
     return np.ascontiguousarray(np.concatenate([x.reshape(-1, H) for x in parts]))
@@ -93,17 +93,17 @@ def _packed_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype) -> np.ndarr
 def _mlp(ck: Checkpoint, cfg: ModelConfig, i: int, p: str, dtype) -> dict:
     H = cfg.hidden_size
     if not cfg.is_moe_layer(i):
-        gate_up, down = _dense_banks(ck, cfg, p, dtype)
+        gate_up, down = dense_banks(ck, cfg, p, dtype)
         return dict(gate_up=gate_up, down=down)
-    out = dict(router=_load(ck, f"{p}mlp.gate.weight", (cfg.num_experts, H), dtype))
-    out["gate_up"], out["down"] = _expert_banks(ck, cfg, p, dtype)
+    out = dict(router=read_tensor(ck, f"{p}mlp.gate.weight", (cfg.num_experts, H), dtype))
+    out["gate_up"], out["down"] = expert_banks(ck, cfg, p, dtype)
     Is = cfg.shared_expert_intermediate_size
     if Is:
         s = f"{p}mlp.shared_expert."
         gate_up = np.empty((1, 2 * Is, H), dtype)
-        _load(ck, f"{s}gate_proj.weight", (Is, H), dtype, out=gate_up[0, :Is])
-        _load(ck, f"{s}up_proj.weight", (Is, H), dtype, out=gate_up[0, Is:])
+        read_tensor(ck, f"{s}gate_proj.weight", (Is, H), dtype, out=gate_up[0, :Is])
+        read_tensor(ck, f"{s}up_proj.weight", (Is, H), dtype, out=gate_up[0, Is:])
         out.update(shared_gate_up=gate_up,
-                   shared_down=np.ascontiguousarray(_load(ck, f"{s}down_proj.weight", (H, Is), dtype))[None],
-                   shared_gate=_load(ck, f"{p}mlp.shared_expert_gate.weight", (1, H), dtype))
+                   shared_down=np.ascontiguousarray(read_tensor(ck, f"{s}down_proj.weight", (H, Is), dtype))[None],
+                   shared_gate=read_tensor(ck, f"{p}mlp.shared_expert_gate.weight", (1, H), dtype))
     return out

@@ -1,0 +1,96 @@
+"""A Hugging Face config.json -> ModelConfig: every HF key FreeToken uses, in one place, and the
+architecture's family from the one table (models/registry.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from freetoken.config import FULL_ATTENTION, LINEAR_ATTENTION, ConfigError, ModelConfig
+from freetoken.models import registry
+
+
+def read_model_config(model_dir: str | Path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face model directory (its config.json)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{model_dir}: no config.json (expected a Hugging Face model directory)")
+    return model_config_from_dict(json.loads(path.read_text()))
+
+
+def model_config_from_dict(top: dict) -> ModelConfig:
+    """Map every Hugging Face key FreeToken uses, in one place."""
+    arch = (top.get("architectures") or [None])[0]
+    fam = registry.family(arch)
+    if fam is None:
+        raise ConfigError(f"unsupported architecture {arch!r}; supported: {registry.supported()}")
+    cfg = top
+    if fam.text_config and "text_config" in top:   # the wrapper's own tie flag wins (transformers reads only it)
+        cfg = {**top, **top["text_config"], "tie_word_embeddings": top.get("tie_word_embeddings", False)}
+    theta, scaling = _rope_fields(cfg)
+    heads = cfg["num_attention_heads"]
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if experts is None:
+        raise ConfigError("config.json has neither num_experts nor num_local_experts")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        num_experts=int(experts),
+        num_experts_per_tok=cfg["num_experts_per_tok"],
+        moe_intermediate_size=cfg["moe_intermediate_size"],
+        norm_topk_prob=fam.router_renormalises or bool(cfg.get("norm_topk_prob", False)),
+        intermediate_size=cfg.get("intermediate_size", cfg["moe_intermediate_size"]),
+        mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+        decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+        torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        **(_gdn_fields(cfg) if fam.gdn else {}),
+    )
+
+
+def _gdn_fields(cfg: dict) -> dict:
+    """The Gated DeltaNet model keys (Qwen3-Next, Qwen3.5/3.6-MoE), checked for consistency."""
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if not types:        # every full_attention_interval-th layer is full attention
+        every = int(cfg.get("full_attention_interval") or 4)
+        types = [FULL_ATTENTION if (i + 1) % every == 0 else LINEAR_ATTENTION for i in range(n)]
+    if len(types) != n or any(t not in (FULL_ATTENTION, LINEAR_ATTENTION) for t in types):
+        raise ConfigError(f"layer_types must list {n} of {FULL_ATTENTION!r} / {LINEAR_ATTENTION!r}, got {types}")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act {cfg.get('hidden_act')!r}: Gated DeltaNet models need silu")
+    params = cfg.get("rope_parameters") or {}
+    out = dict(layer_types=tuple(types), linear_num_key_heads=int(cfg["linear_num_key_heads"]),
+               linear_num_value_heads=int(cfg["linear_num_value_heads"]),
+               linear_key_head_dim=int(cfg["linear_key_head_dim"]),
+               linear_value_head_dim=int(cfg["linear_value_head_dim"]),
+               linear_conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim", 4)),
+               shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+               partial_rotary_factor=float(cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 0.25))),
+               attn_output_gate=bool(cfg.get("attn_output_gate", True)))
+    if out["linear_num_value_heads"] % out["linear_num_key_heads"]:
+        raise ConfigError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+    return out
+
+
+def _rope_fields(cfg: dict) -> tuple[float, dict | None]:
+    """RoPE theta and scaling from rope_theta/rope_scaling or transformers-5 rope_parameters."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or None
+    theta = cfg.get("rope_theta", params.get("rope_theta", (scaling or {}).get("rope_theta", 10000.0)))
+    rope_type = (params.get("rope_type") or (scaling or {}).get("rope_type")
+                 or (scaling or {}).get("type") or "default")
+    if rope_type == "default":
+        return float(theta), None
+    if rope_type == "linear":
+        factor = params.get("factor", (scaling or {}).get("factor"))
+        return float(theta), {"rope_type": "linear", "factor": float(factor)}
+    raise ConfigError(f"unsupported rope type {rope_type!r}; supported: default, linear")

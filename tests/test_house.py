@@ -1,0 +1,183 @@
+"""The house rules of docs/architecture.md, checked on the source: imports run one way down the
+floors (server -> engine -> models -> moe -> kernels -> device -> ground), no import circle outside
+the emulated device, and the line budget (modules, functions, the whole package).
+
+Imports are read from the source with ast, function-level (lazy) imports included: a lazy import
+is still a dependency. Code lines: non-blank lines that are not comments or docstrings.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "freetoken"
+
+# Highest floor first. A module may import its own floor or any floor below, never one above.
+FLOORS = (
+    ("commands", ("freetoken.cli", "freetoken.__main__", "freetoken.commands")),
+    ("server", ("freetoken.server", "freetoken")),   # freetoken/__init__.py: the public API (LLM)
+    ("engine", ("freetoken.engine",)),
+    ("models", ("freetoken.models", "freetoken.demo")),
+    ("moe", ("freetoken.moe",)),
+    ("kernels", ("freetoken.kernels", "freetoken.backend")),
+    ("device", ("freetoken.cupy_loader", "freetoken.cuda_emu")),
+    ("ground", ("freetoken.config", "freetoken.env", "freetoken.log", "freetoken.progress",
+                "freetoken.flags", "freetoken.harnesses", "freetoken.tokenizer", "freetoken.grammar")),
+)
+CIRCLES_ALLOWED_UNDER = "freetoken.cuda_emu"   # the emulator mirrors CuPy's own mutual imports
+
+MAX_MODULE_LINES = 300      # code lines per module
+MAX_FUNCTION_LINES = 40     # code lines per function or method
+MAX_PACKAGE_LINES = 15_000  # the whole package; raising it is a decision for review, not a reflex
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported freetoken module, line) for every import in the file, lazy ones included;
+    `from pkg import mod` counts as importing pkg.mod."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("freetoken"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.append((sub if sub in modules else node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("freetoken")]
+    return out
+
+
+def _floor(module: str) -> tuple[int, str]:
+    """(height, floor name) by the longest matching prefix."""
+    best = None
+    for height, (name, prefixes) in enumerate(reversed(FLOORS)):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), height, name)
+    assert best is not None, f"{module} stands on no floor: add it to FLOORS in {__file__}"
+    return best[1], best[2]
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: {t for t, _ in _imports(p, modules) if t != m} for m, p in modules.items()}
+
+
+def test_imports_run_down_the_floors():
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        here = _floor(name)
+        for target, line in _imports(path, modules):
+            there = _floor(target)
+            if there[0] > here[0]:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({here[1]}) imports {target} ({there[1]})")
+    assert not upward, "imports running back up a floor:\n" + "\n".join(upward)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_outside_the_emulator():
+    graph = _graph()
+    circles = [c for c in _circles(graph) if not all(m.startswith(CIRCLES_ALLOWED_UNDER) for m in c)]
+    assert not circles, f"modules importing each other in a circle: {circles}"
+
+
+def test_the_circle_finder_sees_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _code_lines(source: str) -> tuple[set[int], ast.Module]:
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                    and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in skip:
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+    return lines - docstrings, tree
+
+
+def test_code_lines_skip_comments_and_docstrings():
+    lines, _ = _code_lines('"""doc\nstring"""\n# comment\n\nx = 1\ndef f():\n    """d"""\n    return x\n')
+    assert lines == {5, 6, 8}
+
+
+@pytest.fixture(scope="module")
+def budget():
+    files, functions = {}, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines, tree = _code_lines(path.read_text())
+        where = str(path.relative_to(PACKAGE.parent))
+        files[where] = len(lines)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[f"{where}:{node.lineno} {node.name}"] = sum(
+                    1 for n in lines if node.lineno <= n <= node.end_lineno)
+    return files, functions
+
+
+def test_modules_stay_small(budget):
+    files, _ = budget
+    over = {f: n for f, n in files.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} code lines (split by role): {over}"
+
+
+def test_functions_stay_short(budget):
+    _, functions = budget
+    over = {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES}
+    assert not over, f"functions over {MAX_FUNCTION_LINES} code lines: {over}"
+
+
+def test_the_package_stays_within_its_budget(budget):
+    files, _ = budget
+    total = sum(files.values())
+    assert total <= MAX_PACKAGE_LINES, f"{total} code lines in freetoken/, budget {MAX_PACKAGE_LINES}"
