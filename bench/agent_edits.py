@@ -258,9 +258,9 @@ def where(llm, ids: list[int], p: int, prev: dict | None) -> str:
     """What sits at resume position p: the anchor kind, the previous prompt's end, or the interval."""
     if p == 0:
         return "start"
-    resumer = llm.core.scheduler.resumer
+    resumer = llm.core.scheduler.recurrent
     names = {}
-    if resumer is not None:
+    if hasattr(resumer, "anchors"):
         tok = llm.tokenizer
         for m in ("<|im_end|>", "</think>", "</tool_response>"):
             names[("after", tuple(tok.encode(m)))] = f"after {m}"

@@ -12,7 +12,7 @@
     from which streaming is cheaper (or the decode path cannot run: distinct experts > slots).
 Times are in units of one expert read by the CPU (b/B_H), so only phi = B_P/B_H matters; B_H and
 n_c (tokens per expert from which the CPU kernel is compute-bound) are measured here, B_P comes
-from the paper's Table 1 machines (this machine has no GPU).
+from the six reference machines (split_model.TABLE1; this machine has no GPU).
 
   .venv/bin/python bench/policy_decisions.py --out bench/results/policy_decisions.json  # ~6 min
   .venv/bin/python bench/policy_decisions.py --skip-fill --n-c 2 --b-h 20     # (c) alone, given n_c
@@ -45,7 +45,7 @@ VARIANTS = (("fill0/recency", 0, "recency"), ("fill1/recency", 1, "recency"),
             ("fill0/lowest_id", 0, "lowest_id"), ("fill1/lowest_id", 1, "lowest_id"))
 T_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 QWEN3 = dict(name="qwen3-30b-a3b", layers=48, experts=128, top_k=8)
-MACHINES = [(f"Table 1 #{i + 1}", round(bp / bh, 3)) for i, (bp, bh) in enumerate(split_model.TABLE1)]
+MACHINES = [(f"reference #{i + 1}", round(bp / bh, 3)) for i, (bp, bh) in enumerate(split_model.TABLE1)]
 
 
 def slots_for(rate, L, E, k):  # as freetoken.moe.options.cache_slots for one running request

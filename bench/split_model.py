@@ -5,10 +5,10 @@
    I 768, the upstream bf16 workload), each step routed to the next k experts of a bank much
    larger than the last-level cache, so every step streams its weights from DRAM.
    B_H = k * expert_bytes / median step time.
-2. For the six machines of the paper's Table 1 (DESIGN §5.3) and m = 1..16 misses, prints the
-   modelled time of one layer-step's misses for q* (phi = B_P/B_H), q* with min-fill, qp (the
-   same rule at phi' = B_P/(B_P+B_H), upstream's contended-pair form), pure offload (q = m) and
-   pure CPU (q = 0), in two models:
+2. For the six reference machines (TABLE1 below; docs/design.md, The q* split) and m = 1..16
+   misses, prints the modelled time of one layer-step's misses for q* (phi = B_P/B_H), q* with
+   min-fill, qp (the same rule at phi' = B_P/(B_P+B_H), upstream's contended-pair form), pure
+   offload (q = m) and pure CPU (q = 0), in two models:
      independent  fills and CPU run side by side at B_P and B_H: max(q/B_P, (m-q)/B_H) * bytes.
                   The rule's cost is exactly this makespan when its fraction is phi', so qp is
                   the optimum here ("best" column: brute force) and q* over-fetches.
@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 from freetoken.moe.split import fetch_count, frac_q16           # noqa: E402
 
 BLOCK = 8                            # steps per measurement block
+# The six reference machines: (B_P, B_H) in GB/s of desktop and workstation GPU boxes, PCIe fill
+# bandwidth next to CPU expert bandwidth; phi 0.25-0.91, q(4) = 3, 1, 2, 4, 1, 1 (docs/design.md).
 TABLE1 = [(52.7, 77.3), (25.1, 63.2), (25.3, 56.7), (49.0, 53.8), (11.8, 47.5), (51.5, 178.0)]
 
 
@@ -156,7 +158,7 @@ def main(argv=None):
           f"batch 1, top-{args.top_k} cold bf16 experts H {args.hidden} I {args.width}, "
           f"{bh['expert_bytes'] / 2**20:.2f} MiB each, {bh['scored_steps']['executor']} steps, "
           f"bank {bh['bank_mib']:.0f} MiB")
-    machines = [(f"Table 1 machine {i + 1}", bp, bhh) for i, (bp, bhh) in enumerate(TABLE1)]
+    machines = [(f"reference machine #{i + 1}", bp, bhh) for i, (bp, bhh) in enumerate(TABLE1)]
     if args.pcie:
         machines.append(("this machine", args.pcie, round(bh["b_h_gbs"], 2)))
     results = []

@@ -1,5 +1,6 @@
-// residency.cu -- the expert cache's residency step (DESIGN §5.2) and the copies that feed the slot
-// pool. Wrapper: freetoken/moe/residency_gpu.py   Spec: freetoken/moe/residency.py (SlotCache.step)
+// residency.cu -- the expert cache's residency step (docs/design.md, The residency step) and the
+// copies that feed the slot pool.
+// Wrapper: freetoken/moe/residency_gpu.py   Spec: freetoken/moe/residency.py (SlotCache.step)
 // Tests: tests/moe/test_gpu_residency.py (bit for bit against the spec over long random runs).
 //
 // State (device): slot_for i32[L*E] (slot or -1), owner_of i32[S] (flat id layer*E+expert or -1),
@@ -8,7 +9,8 @@
 //
 // residency_step_i32: ONE block of RES_THREADS threads per MoE layer call, the eight parts in
 //   order with a barrier between phases. A single block because the victim scan must see this
-//   step's hit bumps (upstream pitfall 1) and the fills are a sequence of dependent argmins.
+//   step's hit bumps (docs/design.md, Hazards: hit bumps before the victim scan) and the fills
+//   are a sequence of dependent argmins.
 //   q = min(policy count, S - hits): any S >= 1 works, the unfetched misses go to the CPU.
 //   Dynamic shared memory: 3*E ints (routed flags, misses as found, misses in fill order).
 // residency_invalidate_i32: slots [lo, hi) become empty and coldest (usage 0); used when prefill
@@ -149,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(RES_THREADS) residency_step_i32(
     if (s >= 0) usage[s] = now, atomicAdd(&s_hits, 1);
     else found[atomicAdd(&s_misses, 1)] = e;
   }
-  __syncthreads();  // the hit bumps are visible to the victim scan (pitfall 1)
+  __syncthreads();  // the hit bumps are visible to the victim scan (docs/design.md, Hazards)
   const int m = s_misses;
   for (int i = tid; i < m; i += blockDim.x) {  // part 3: rank of each miss in fill order
     int rank = 0;

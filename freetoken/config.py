@@ -90,43 +90,57 @@ class ModelConfig:
         return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
 
 
-def _flag(default, help_text: str, choices: tuple | None = None, **extra):
+def _flag(default, help_text: str, choices: tuple | None = None, kind: type | None = None, **extra):
+    """A field with its flag's help and choices; kind: the value type of a field whose default is
+    None ("auto": decided at start-up by the plan, engine/plan.py)."""
     meta = {"help": help_text, **extra}
     if choices:
         meta["choices"] = choices
+    if kind is not None:
+        meta["kind"] = kind
     return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine needs besides the model. Unknown keywords raise TypeError."""
+    """Everything the engine needs besides the model, as the user gave it: None is "auto" (the
+    start-up plan, engine/plan.py, decides and says why). Never rewritten after start-up; every
+    bound is checked once, by engine/plan_checks.py. Unknown keywords raise TypeError."""
 
     model: str | None = _flag(None, "model directory (Hugging Face format), or a built-in model: demo "
                                     "(tiny-agent-moe, the default) or demo-hybrid (tiny-agent-hybrid)")
     backend: str = _flag("auto", "compute backend: auto picks cuda when a GPU is visible, else cpu",
                          ("auto", "ref", "cpu", "cuda"))
     max_running_requests: int = _flag(4, "most requests decoding at once")
-    num_kv_tokens: int = _flag(0, "KV pool size in tokens (0: sized from the context length and running requests)")
-    max_model_len: int = _flag(0, "context length in tokens (0: the model's max_position_embeddings; "
-                                  "beyond it runs, with a warning)")
+    num_kv_tokens: int | None = _flag(None, "KV pool size in tokens (auto: from the context length and running "
+                                            "requests, within the memory plan)", kind=int)
+    max_model_len: int | None = _flag(None, "context length in tokens (auto: the model's max_position_embeddings; "
+                                            "beyond it runs, with a warning)", kind=int)
     kv_dtype: str = _flag("auto", "KV cache dtype: auto is float32 for fp32 checkpoints, else bfloat16",
                           ("auto", "bfloat16", "float32"))
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")
     enable_prefix_cache: bool = _flag(True, "reuse the KV of cached prompt prefixes (radix tree)")
-    state_checkpoint_mb: int = _flag(-1, "hybrid models: host memory for recurrent-state checkpoints in MiB, which "
-                                     "let a cached prefix be reused (-1: 32 per running request, at most 1/8 of "
-                                     "the available memory; 0: none)")
-    state_checkpoint_gpu_mb: int = _flag(-1, "hybrid models on a GPU: device memory for the newest state checkpoints "
-                                         "in MiB (-1: what the memory plan leaves after the expert cache; 0: none)")
-    semantic_anchors: bool = _flag(True, "hybrid models: checkpoint the recurrent state at turn ends, </think>, "
+    state_checkpoint_mb: int | None = _flag(
+        None, "GDN models: host memory for recurrent-state checkpoints in MiB, which let a cached prefix be "
+        "reused (auto: 32 per running request, at most 1/8 of the available memory; 0: none)", kind=int)
+    state_checkpoint_gpu_mb: int | None = _flag(
+        None, "GDN models on a GPU: device memory for the newest state checkpoints in MiB (auto: what the "
+        "memory plan leaves after the expert cache; 0: none)", kind=int)
+    semantic_anchors: bool = _flag(True, "GDN models: checkpoint the recurrent state at turn ends, </think>, "
                                    "tool-call openers and tool results (--no-semantic-anchors: only the interval)")
-    state_checkpoint_interval: int = _flag(4096, "hybrid models: also checkpoint every N prompt tokens "
+    state_checkpoint_interval: int = _flag(4096, "GDN models: also checkpoint every N prompt tokens "
                                            "(0: only at anchors)")
-    moe_backend: str = _flag("auto", "how routed experts run", ("auto", "fused", "offload", "cpu", "hybrid"))
-    moe_cache_size: int = _flag(0, "expert cache slots (0: from --moe-cache-rate or the memory budget)")
-    moe_cache_rate: float = _flag(0.0, "expert cache size as a fraction of all L*E experts")
-    moe_hybrid_max_fetch: int = _flag(-1, "hybrid: -1 uses the q* rule, N >= 0 fetches at most N misses per layer")
-    moe_fetch_fraction: float = _flag(-1.0, "hybrid: explicit phi = B_P/B_H in [0, inf) (-1: from the bandwidth profile)")
+    moe_backend: str = _flag("auto", "how routed experts run: fused (all on the GPU), offload (a GPU expert "
+                             "cache, misses fetched), hybrid (a GPU expert cache, misses split between "
+                             "fetching and the CPU), cpu", ("auto", "fused", "offload", "cpu", "hybrid"))
+    moe_cache_size: int | None = _flag(None, "expert cache slots (auto: --moe-cache-rate, else the memory plan)",
+                                       kind=int)
+    moe_cache_rate: float | None = _flag(None, "expert cache size as a fraction of all L*E experts, in (0, 1]",
+                                         kind=float)
+    moe_hybrid_max_fetch: int | None = _flag(None, "hybrid: fetch at most N >= 0 misses per layer-step "
+                                                   "(auto: the q* rule)", kind=int)
+    moe_fetch_fraction: float | None = _flag(None, "hybrid: phi = B_P/B_H >= 0 for the q* rule (auto: from the "
+                                                   "bandwidth profile)", kind=float)
     moe_min_fill: int = _flag(0, "hybrid: fetch at least one miss per layer-step when there is one "
                               "(0 measured faster: docs/performance.md)", (0, 1))
     moe_fill_order: str = _flag("recency", "order of the misses to fill: most recently routed first, "
@@ -134,7 +148,7 @@ class EngineConfig:
     moe_prefill_decode_tokens: int = _flag(
         32, "offload/hybrid: prefill chunks shorter than this run through the expert cache like "
         "decode instead of streaming whole layers (0: never; 32 measured: docs/performance.md)")
-    moe_cpu_threads: int = _flag(0, "CPU expert executor threads (0: physical cores)")
+    moe_cpu_threads: int | None = _flag(None, "CPU expert executor threads (auto: numba's thread count)", kind=int)
     disable_moe_prefill_overlap: bool = _flag(
         False, "prefill: load each MoE layer in turn instead of streaming layer l+1 while layer l "
         "computes (overlap needs >= 2E expert slots)")
@@ -142,7 +156,8 @@ class EngineConfig:
     disable_thread_tuning: bool = _flag(
         False, "cpu backend: keep every compute thread even when decode slows down (by default a "
         "slowdown, e.g. another process busy on a core, tries one thread fewer and keeps it while faster)")
-    gpu_memory_gb: float = _flag(0.0, "cap the GPU memory FreeToken may use, in GB (0: all that is free)")
+    gpu_memory_gb: float | None = _flag(None, "cap the GPU memory FreeToken may use, in GB (auto: all that is free)",
+                                        kind=float)
     seed: int = _flag(0, "default sampling seed for requests that give none")
 
     def replace(self, **changes) -> "EngineConfig":

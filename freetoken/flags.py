@@ -15,13 +15,33 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+AUTO = "auto"     # what an optional field's flag or env mirror takes to mean "decided at start-up"
+
+
+def _kind(f: dataclasses.Field) -> type:
+    return f.metadata.get("kind") or (type(f.default) if f.default is not None else str)
+
+
+def _parser(f: dataclasses.Field):
+    """The flag's value type; an optional field (default None) also takes "auto"."""
+    kind = _kind(f)
+    if f.default is not None or "kind" not in f.metadata:
+        return kind
+
+    def optional(raw: str):
+        return None if raw.strip().lower() == AUTO else kind(raw)
+    optional.__name__ = kind.__name__      # argparse names the type in its error message
+    return optional
+
+
 def _env_default(f: dataclasses.Field):
     """The flag's default: its FREETOKEN_* environment mirror when set, else the dataclass default."""
     raw = os.environ.get(env_name(f.name))
     if raw is None:
         return f.default
-    kind = type(f.default) if f.default is not None else str
-    return kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes", "on")
+    if _kind(f) is bool:
+        return raw.lower() in ("1", "true", "yes", "on")
+    return _parser(f)(raw)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls=EngineConfig, skip=()) -> None:
@@ -31,14 +51,14 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=EngineConfig, skip=())
         if f.name in skip:
             continue
         meta = dict(f.metadata)
-        kind = type(f.default) if f.default is not None else str
-        help_text = f"{meta.get('help', '')} (default: {f.default!r}; env {env_name(f.name)})"
+        shown = AUTO if f.default is None and "kind" in meta else repr(f.default)
+        help_text = f"{meta.get('help', '')} (default: {shown}; env {env_name(f.name)})"
         flag = "--" + f.name.replace("_", "-")
-        if kind is bool:
+        if _kind(f) is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=_env_default(f), help=help_text)
             continue
-        group.add_argument(flag, dest=f.name, type=kind, default=_env_default(f),
+        group.add_argument(flag, dest=f.name, type=_parser(f), default=_env_default(f),
                            choices=meta.get("choices"), help=help_text)
 
 

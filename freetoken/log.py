@@ -16,3 +16,24 @@ def setup(level: str = "INFO") -> None:
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
+
+
+class Log:
+    """Adapts a logging.Logger (info/warning) or a plain callable(msg) to info()/warn()."""
+
+    def __init__(self, sink=None):
+        if isinstance(sink, Log):
+            sink = sink._sink
+        self._sink = sink if sink is not None else logging.getLogger("freetoken.moe")
+
+    def info(self, msg: str) -> None:
+        if hasattr(self._sink, "info"):
+            self._sink.info(msg)
+        else:
+            self._sink(msg)
+
+    def warn(self, msg: str) -> None:
+        if hasattr(self._sink, "warning"):
+            self._sink.warning(msg)
+        else:
+            self._sink(f"WARN {msg}")

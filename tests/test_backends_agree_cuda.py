@@ -62,16 +62,17 @@ def test_the_cli_prints_the_cpu_text_on_cuda():
 
 
 def test_a_gpu_with_no_room_for_experts_still_runs_hybrid(expected):
-    """--gpu-memory-gb leaving less than one expert after weights, workspace and KV: the plan
-    gives 0 slots, the engine takes 1 (not the 25% default, which would not fit), and hybrid runs
-    every other miss on the CPU."""
+    """--gpu-memory-gb leaving less than one expert after weights, workspace and KV: the plan has
+    room for 0 slots and takes 1 (not the 25% default, which would not fit), and hybrid runs every
+    other miss on the CPU."""
     from freetoken import LLM
     from freetoken.config import EngineConfig
     from freetoken.models.hf_config import read_model_config
     from freetoken.demo import packaged_demo_dir
-    from freetoken.engine import gpu_budget as gb
+    from freetoken.engine import plan_memory as gb
     cfg, ec = read_model_config(packaged_demo_dir()), EngineConfig(num_kv_tokens=4096)
-    room = gb.weight_bytes(cfg) + gb.workspace_bytes(cfg, ec) + 4096 * gb.kv_bytes_per_token(cfg, ec)
+    room = (gb.weight_bytes(cfg, 2) + gb.workspace_bytes(cfg, ec, cfg.max_position_embeddings)
+            + 4096 * gb.kv_bytes_per_token(cfg, 2))
     options = dict(backend="cuda", moe_backend="hybrid", num_kv_tokens=4096, moe_fetch_fraction=1.0,
                    gpu_memory_gb=(room + 1000) / gb.GB)        # the cap is the whole budget
     llm = LLM(enable_prefix_cache=False, **options)

@@ -1,16 +1,14 @@
-"""Tokenizer of tiny-coder-moe: round trips, streaming detokenizer, chat template, stop ids."""
+"""The packaged tokenizer (freetoken/data/synth-tokenizer: the built-in models' vocabulary with the
+plain Qwen3-style template): round trips, streaming detokenizer, chat template, stop ids."""
 import json
-import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from freetoken.demo import packaged_demo_dir, synth_tokenizer_dir, write_random_model
 from freetoken.models.hf_config import read_model_config
 from freetoken.tokenizer import ChatTemplateError, IncrementalDetokenizer, Tokenizer
 
-TINY_CODER = Path("/work/shared/data/tiny-coder-moe")
-pytestmark = pytest.mark.skipif(not TINY_CODER.is_dir(), reason="tiny-coder-moe not present")
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n",
@@ -26,7 +24,7 @@ READ_FILE_TOOL = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def tok():
-    return Tokenizer.from_dir(TINY_CODER)
+    return Tokenizer.from_dir(synth_tokenizer_dir())
 
 
 def stream(tok, ids, **kw):
@@ -92,12 +90,21 @@ def test_prompt_context(tok):
     assert "".join(d.add(i) for i in ids) + d.flush() == "print(x)"
 
 
-def readme_example() -> str:
-    """The README's rendered example. Its code fence cannot show the final blank line that the
-    template's `<think>\\n\\n</think>\\n\\n` ends with, so one newline is added back."""
-    readme = (TINY_CODER / "README.md").read_text()
-    block = re.search(r"```text\n(<\|im_start\|>system\n.*?)```", readme, re.S).group(1)
-    return block + "\n"
+# What Qwen3's template renders for the conversation below: the tool preamble in the system turn,
+# the call as a <tool_call> JSON line, the result as a user turn, the empty think block last.
+RENDERED_TOOL_CHAT = (
+    "<|im_start|>system\nYou are a coding assistant.\n\n# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    + json.dumps(READ_FILE_TOOL) + "\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "<|im_start|>user\nShow setup.py<|im_end|>\n"
+    '<|im_start|>assistant\n<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n'
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n<tool_response>\nimport setuptools\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 def test_chat_template_tools_call_result_no_thinking(tok):
@@ -109,7 +116,7 @@ def test_chat_template_tools_call_result_no_thinking(tok):
         {"role": "tool", "content": "import setuptools"},
     ]
     text = tok.apply_chat_template(messages, tools=[READ_FILE_TOOL], enable_thinking=False)
-    assert text == readme_example()
+    assert text == RENDERED_TOOL_CHAT
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
@@ -149,9 +156,11 @@ def test_stop_token_ids(tok):
     assert tok.eos_token == "<|im_end|>" and tok.bos_token is None
 
 
-def test_vocab_fits_the_model(tok):
-    cfg = read_model_config(TINY_CODER)
-    assert tok.vocab_size == 4000 <= cfg.vocab_size
+@pytest.mark.parametrize("model", ["packaged", "random"])
+def test_vocab_fits_the_model(tok, tmp_path, model):
+    """The models that use this vocabulary have an embedding row for every token."""
+    d = packaged_demo_dir() if model == "packaged" else write_random_model(tmp_path / "rand")
+    assert Tokenizer.from_dir(d).vocab_size == tok.vocab_size == 4000 <= read_model_config(d).vocab_size
 
 
 @settings(max_examples=150, deadline=None)

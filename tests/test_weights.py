@@ -1,4 +1,5 @@
-"""Safetensors reader/writer round trips and the Qwen3-MoE loader (synthetic and tiny-coder-moe)."""
+"""Safetensors reader/writer round trips and the Qwen3-MoE loader (synthetic checkpoints and the
+packaged demo model)."""
 import io
 import json
 import struct
@@ -8,12 +9,12 @@ import numpy as np
 import pytest
 
 from freetoken import progress as progress_mod
+from freetoken.demo import packaged_demo_dir
 from freetoken.models.hf_config import model_config_from_dict, read_model_config
 from freetoken.kernels._bf16 import from_f32, to_f32
 from freetoken.models.weights import (Checkpoint, SafetensorsFile, WeightsError, load_weights,
                                save_safetensors)
 
-TINY_CODER = Path("/work/shared/data/tiny-coder-moe")
 # H 16, Hq 4, G 2, D 8, E 4 (top-2), I 8, dense width 12, V 32; layer 1 is a dense-MLP layer
 CFG_DICT = {
     "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": 16,
@@ -219,12 +220,12 @@ def test_no_checkpoint_is_a_clear_error(tmp_path):
 
 
 
-# --- the real tiny-coder-moe checkpoint ---------------------------------------------------------
+# --- the packaged demo checkpoint (tiny-agent-moe: a trained Qwen3-MoE, bf16, per-expert names) --
 
-@pytest.mark.skipif(not TINY_CODER.is_dir(), reason="tiny-coder-moe not present")
-def test_tiny_coder_moe_banks():
-    cfg = read_model_config(TINY_CODER)
-    w = load_weights(TINY_CODER, cfg)
+def test_packaged_demo_banks():
+    demo = packaged_demo_dir()
+    cfg = read_model_config(demo)
+    w = load_weights(demo, cfg)
     H, E, I, D = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.head_dim
     assert w.embed.shape == w.lm_head.shape == (cfg.vocab_size, H) and w.lm_head is not w.embed
     assert len(w.layers) == cfg.num_layers == 4
@@ -233,7 +234,7 @@ def test_tiny_coder_moe_banks():
         assert lw.router.shape == (E, H)
         assert lw.gate_up.shape == (E, 2 * I, H) and lw.down.shape == (E, H, I)
         assert lw.gate_up.dtype == lw.down.dtype == np.uint16
-    raw = Checkpoint(TINY_CODER)
+    raw = Checkpoint(demo)
     up = raw.get("model.layers.2.mlp.experts.5.up_proj.weight", (I, H))
     np.testing.assert_array_equal(w.layers[2].gate_up[5, I:], up)
     assert np.isfinite(to_f32(w.layers[3].down)).all()

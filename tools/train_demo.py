@@ -9,8 +9,9 @@ on the assistant's tokens only; and Python standard-library sources, the loss on
 "Write Python code." chats (--code-share of the sequences). Sequences of --seq tokens packed
 from whole documents. --init starts from a Hugging Face directory of the same architecture:
 the built-in tiny-agent-moe was trained from its predecessor `tiny-coder-moe` (a Qwen3-MoE trained
-on the standard library; in git at 4b99d58:freetoken/data/tiny-coder-moe, the default --init
-when present, else ../shared/data/tiny-coder-moe); `none` trains SHAPE from scratch. Writes the Hugging Face directory (bf16 safetensors, tokenizer with the agent template)
+on the standard library; in git at 4b99d58:freetoken/data/tiny-coder-moe, restored there by
+`git restore -s 4b99d58 freetoken/data/tiny-coder-moe`, the default --init); `none` trains SHAPE
+from scratch. Writes the Hugging Face directory (bf16 safetensors, tokenizer with the agent template)
 and train_log.json; tools/eval_demo.py then measures it and writes the README's numbers.
 Deterministic for a seed on one machine: one data order, torch.manual_seed, a step-based
 schedule, 2 threads (--minutes only cuts a run short, and says so).
@@ -35,8 +36,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import agent_corpus as corpus  # noqa: E402
 
 TEMPLATE = ROOT / "tools" / "agent_template.jinja"
-PREDECESSOR = next((p for p in (ROOT / "freetoken" / "data" / "tiny-coder-moe", ROOT.parent / "shared" / "data" /
-                                "tiny-coder-moe") if p.is_dir()), Path("tiny-coder-moe"))
+PREDECESSOR = ROOT / "freetoken" / "data" / "tiny-coder-moe"    # restored from git (docstring)
 ASSISTANT = "<|im_start|>assistant\n"
 
 

@@ -1,4 +1,5 @@
-"""``bench bw``: this machine's expert bandwidths on a model's real expert shape (DESIGN §5.6).
+"""``bench bw``: this machine's expert bandwidths on a model's real expert shape
+(docs/design.md, The bandwidth profile).
 
 B_H: the CPU executor (the production numba kernel on its worker thread), batch 1, top-k experts
 from a rotating window over a synthetic bank much larger than the last-level cache, so every step

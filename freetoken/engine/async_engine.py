@@ -13,16 +13,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from freetoken.engine.request import InvalidRequest, Request, SamplingParams
+from freetoken.engine.request import EngineBusy, InvalidRequest, Request, SamplingParams
 from freetoken.log import logger
 
 
 class EngineNotReady(RuntimeError):
     """The engine is still loading, failed to load, or is shutting down."""
-
-
-class EngineBusy(RuntimeError):
-    """The operation needs an idle engine (no running or waiting request)."""
 
 
 @dataclass(frozen=True)

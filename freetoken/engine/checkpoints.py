@@ -3,7 +3,7 @@ the token position it was taken at, so a later request can resume from the deepe
 that has both its KV and its state.
 
 Two tiers, each with its own byte budget and least-recently-used order. A new checkpoint goes to
-the device tier when it has room (on a GPU: memory the plan left over, engine/gpu_budget.py), so
+the device tier when it has room (on a GPU: memory the plan left over, engine/plan.py), so
 taking and restoring one is a device copy; the device tier makes room by demoting its oldest
 linked checkpoint to the host tier (one copy over PCIe), and the host tier evicts its oldest. On
 the CPU path the device tier has no budget and host memory is the only tier. Evicting one unlinks

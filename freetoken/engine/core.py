@@ -5,19 +5,19 @@ Single-threaded and synchronous; the server's engine thread and ``LLM.generate``
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from freetoken.config import EngineConfig
-from freetoken.engine.gpu_budget import context_len
 from freetoken.engine import build
+from freetoken.engine.facts import after_loading, probe_gpu
+from freetoken.engine.plan import compute_backend, make_plan
+from freetoken.engine.plan_checks import check_config
 from freetoken.engine.request import InvalidRequest, Request, SamplingParams, Status
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
 from freetoken.log import logger
-from freetoken.cupy_loader import cupy as load_cupy
-
 
 
 @dataclass
@@ -35,35 +35,28 @@ class EngineCore:
     _tuner = None          # the cpu backend's ThreadTuner, set after the warm-up (engine/thread_tuner.py)
 
     def __init__(self, config: EngineConfig):
-        from freetoken.backend import get_ops, resolve_backend
+        """Plan, then build: load the model, measure the facts, settle every size and backend in one
+        plan (engine/plan.py, logged as one summary), build what it says, warm up."""
+        from freetoken.backend import get_ops
         from freetoken.models.loader import load_model
-
         self.config = config
-        backend, why = resolve_backend(config.backend)
-        logger.info("backend %s (%s)", backend, why)
-        self.ops = get_ops(backend)
+        facts = probe_gpu(config)
+        check_config(config)                      # a bad flag fails before the model loads
+        compute = compute_backend(config.backend, facts)
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
         self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
         self._grammars = self._start_grammars()    # on a thread, overlapping the rest of start-up
-        self.max_model_len = context_len(cfg, config)
-        if self.max_model_len > cfg.max_position_embeddings:
-            logger.warning("--max-model-len %d is beyond the %d positions the model was trained on "
-                           "(max_position_embeddings): it runs, but output quality past %d tokens is not "
-                           "guaranteed", self.max_model_len, cfg.max_position_embeddings,
-                           cfg.max_position_embeddings)
-        self._plan_gpu_memory()                       # before anything is placed on the device
+        self.facts = after_loading(facts, loaded.weights, cfg.moe_layers, compute.value)
+        self.plan = make_plan(cfg, config, self.facts)
+        self.max_model_len = self.plan.context_len      # a resize never changes it
+        self.ops = get_ops(self.plan.compute)
         self.weights = build.place_weights(self.ops, self.weights)
-        self.kv = self._make_kv_pool()
-        self.states = build.make_states(cfg, self.config, self.ops.xp)
-        self.moe = self._make_moe()
-        self.model = build.make_model(cfg, self.weights, self.ops, self.moe, self.kv, self.states)
-        self.forward = self._make_forward()
-        self.prefix_cache, self.checkpoints, anchors = build.prefix_cache_for(
-            cfg, self.config, self.ops, self.tokenizer, self._device_spare)
-        self.scheduler = Scheduler(self.kv, config.max_running_requests, config.chunked_prefill_size,
-                                   self.max_model_len, self.prefix_cache, self.states, anchors)
+        self.moe = self._make_moe()                # plans again if pinning the host pool failed; logs the plan
+        self.states = build.make_states(cfg, self.plan, self.ops.xp)
+        self.checkpoints, self._anchors = build.checkpoint_pool(self.plan, config, self.ops, self.tokenizer)
+        self._assemble(build.make_kv_pool(cfg, self.plan, self.ops.xp))
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
@@ -71,6 +64,18 @@ class EngineCore:
         self._tuner = self._make_tuner()
         if self._grammars is not None:      # built before serving: the build holds the GIL
             self._grammars.join()
+
+    def _assemble(self, kv) -> None:
+        """What holds the KV pool, built together (again after a KV resize): the model, the prefix
+        cache, the scheduler with its recurrent-state seam, the forward."""
+        moe = self.model.moe if getattr(self, "model", None) is not None else self.moe   # keeps a recorder
+        self.kv = kv
+        self.model = build.make_model(self.model_config, self.weights, self.ops, moe, kv, self.states)
+        self.prefix_cache = build.prefix_cache(self.plan, self.checkpoints)
+        recurrent = build.recurrent_seam(self.states, self.prefix_cache, self.checkpoints, self._anchors)
+        self.scheduler = Scheduler(kv, self.config.max_running_requests, self.config.chunked_prefill_size,
+                                   self.plan.context_len, self.prefix_cache, recurrent)
+        self.forward = self._make_forward()
 
     def warmup(self) -> None:
         """Run one tiny request through prefill and decode so kernels are compiled (numba JIT on
@@ -102,7 +107,7 @@ class EngineCore:
         if self.ops.name == "ref":
             return contextlib.nullcontext()
         from freetoken.kernels.compile_watch import watch_compiles
-        kind = "hybrid" if self.model_config.has_gdn else "moe"
+        kind = "gdn" if self.model_config.has_gdn else "moe"
         dtype = "bf16" if self.weights.embed.dtype == np.uint16 else "f32"
         return watch_compiles(logger, f"{kind}/{dtype}")
 
@@ -119,58 +124,20 @@ class EngineCore:
         grammars.build_in_background(logger)
         return grammars
 
-    def _plan_gpu_memory(self) -> None:
-        """On CUDA, split the GPU budget (free memory or --gpu-memory-gb) into weights, KV, expert
-        cache and workspace; sizes the user did not give come from the plan (one log line)."""
-        self._device_spare = 0                      # the plan's bytes for a hybrid's device checkpoints
-        if self.ops.name != "cuda":
-            return
-        cupy = load_cupy()
-        from freetoken.engine.gpu_budget import plan_gpu_memory
-        plan = plan_gpu_memory(self.model_config, self.config, cupy.cuda.runtime.memGetInfo()[0])
-        logger.info("GPU memory plan: %s (%s)", plan.describe(), plan.capped_by)
-        self._device_spare = plan.checkpoint_bytes
-        changes = {}
-        if self.config.num_kv_tokens <= 0:
-            changes["num_kv_tokens"] = plan.kv_tokens
-        if self.config.moe_cache_size <= 0 and self.config.moe_cache_rate <= 0:
-            changes["moe_cache_size"] = min(plan.expert_slots, plan.total_experts)
-            if plan.expert_slots == 0 and self.config.moe_backend not in ("cpu", "fused"):
-                # 0 would read as "not given" (the 25% default, which does not fit); one slot
-                # runs: hybrid sends whatever does not fit to the CPU
-                logger.info("GPU memory plan leaves no room for expert slots; using 1")
-                changes["moe_cache_size"] = 1
-        self.config = self.config.replace(**changes)
-
-    def _make_kv_pool(self):
-        from freetoken.engine.build import make_kv_pool
-        return make_kv_pool(self.model_config, self.config, self.weights, self.max_model_len, self.ops.xp)
-
     def _make_moe(self):
-        """The MoE runtime over this backend's device; auto is resolved from the bandwidth profile
-        on a GPU, by build_moe on the host (cpu)."""
+        """The MoE runtime the plan describes, over this backend's device. Pinning the host expert
+        pool is the one start-up fact learnt by trying: when it fails, the plan is made again."""
         from freetoken.moe.device import device_for
-        from freetoken.moe.runtime import build_moe
+        from freetoken.moe.runtime import CACHED, build_moe, host_pool_for
         cfg = self.model_config
         banks = [(self.weights.layers[i].gate_up, self.weights.layers[i].down) for i in cfg.moe_layers]
         dev = device_for(self.ops.name)
-        backend, phi = (None, None) if dev.host_memory else self._gpu_moe_choice(banks)
-        moe = build_moe(cfg, getattr(self, "host_pool", None) or banks, self.config, self.ops.experts,
-                        logger, dev=dev, backend=backend, profile_phi=phi)
-        self.host_pool = moe.host          # pinned once; rebuilds and new runtimes reuse it
-        return moe
-
-    def _gpu_moe_choice(self, banks):
-        """--moe-backend with auto resolved from the bandwidth profile (one log line), and phi."""
-        cupy = load_cupy()
-        from freetoken.moe.device import gpu_identity
-        from freetoken.moe.profile import decide_backend, load_profile, phi
-        fmt = "bf16" if banks[0][0].dtype == np.uint16 else "f32"
-        profile = load_profile((gpu_identity() or ("unknown", ""))[0], fmt, log=logger)
-        expert_bytes = sum(gu.nbytes + dn.nbytes for gu, dn in banks)
-        fits = expert_bytes <= 0.9 * cupy.cuda.runtime.memGetInfo()[0]   # KV pool already allocated
-        backend = decide_backend(self.config.moe_backend, logger, gpu=True, fits=fits, profile=profile)
-        return backend, phi(profile)
+        self.host_pool = host_pool_for(cfg, banks, self.plan.moe, dev, logger)   # rebuilds reuse it
+        if self.plan.moe.backend in CACHED and dev.needs_pinning and not self.host_pool.pinned:
+            self.facts = replace(self.facts, host_pinned=False)
+            self.plan = make_plan(cfg, self.config, self.facts)
+        _log_plan(self.plan)
+        return build_moe(cfg, self.host_pool, self.plan.moe, self.ops.experts, logger, dev=dev)
 
     def record_routing(self) -> None:
         """From now on, record every decode MoE layer call's routed ids (see moe/trace.py)."""
@@ -189,9 +156,25 @@ class EngineCore:
         return cache_status(self)
 
     def rebuild_cache(self, moe_cache_size: int | None = None, num_kv_tokens: int | None = None) -> dict:
-        """Resize the expert cache and/or KV pool while idle (engine/rebuild.py)."""
-        from freetoken.engine.rebuild import rebuild_cache
-        return rebuild_cache(self, moe_cache_size, num_kv_tokens)
+        """Resize the expert cache and/or KV pool while idle: the plan again with a Resize, then
+        rebuild(plan). RebuildRejected (the old geometry serving) when it cannot be met."""
+        from freetoken.engine.rebuild import resize_plan
+        return self.rebuild(resize_plan(self, moe_cache_size, num_kv_tokens))
+
+    def rebuild(self, plan) -> dict:
+        """Replace what a new plan changes (expert slots, the KV pool and what holds it) at an idle
+        point; on failure the old geometry keeps serving (engine/rebuild.py)."""
+        from freetoken.engine.rebuild import rebuilt
+        kv = rebuilt(self, plan)
+        old, self.plan = self.plan, plan
+        for d in set(plan.decisions) - set(old.decisions):     # what the resize decided anew
+            logger.info("plan: %s %s (%s)", d.name, d.value, d.why)
+        if kv is not None:
+            if self.checkpoints is not None:
+                self.checkpoints.clear()          # they hang from the old tree's nodes
+            self._assemble(kv)
+        logger.info("cache rebuilt: expert cache %d slots, KV pool %d tokens", plan.moe.slots, self.kv.num_slots)
+        return self.cache_status()
 
     def close(self) -> None:
         """Join the MoE executor and grammar threads, unpin host memory; the engine is unusable
@@ -267,18 +250,12 @@ class EngineCore:
 
     def _make_forward(self):
         """Host batch -> logits: the model itself on numpy backends; on CUDA, decode steps replay
-        captured graphs (fused MoE only: the other backends wait on the host each layer)."""
+        captured graphs when the plan has them on."""
         if self.ops.name != "cuda":
             return self.model.forward
         from freetoken.engine.graphs import DecodeGraphs
-        fused = self.moe.stats().get("backend") == "fused"
-        hybrid = self.model_config.has_gdn        # graphs do not capture the state-pool rows yet
-        enabled = fused and not self.config.disable_cuda_graph and not hybrid
         graphs = DecodeGraphs(self.model, self.ops, self.config.max_running_requests,
-                              self.max_model_len, enabled=enabled)
-        if not enabled:
-            logger.info("cuda graphs off (%s)", "a hybrid (Gated DeltaNet) model" if hybrid else
-                        "--disable-cuda-graph" if fused else "the MoE backend is not fused")
+                              self.plan.context_len, enabled=self.plan.cuda_graphs)
         graphs.capture_all(logger)      # before any request: capture writes dummy KV rows
         self.graphs = graphs
         return graphs.forward
@@ -308,3 +285,10 @@ class EngineCore:
             self.scheduler.finish(req, reason)
             del self._streams[req.rid]
         return Delta(req, [token], text, reason is not None, None if logprob is None else [logprob])
+
+
+def _log_plan(plan) -> None:
+    """The plan as one summary; each fallback also as a warning of its own."""
+    logger.info("%s", plan.summary())
+    for line in plan.warnings:
+        logger.warning("%s", line)

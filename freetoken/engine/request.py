@@ -15,6 +15,10 @@ class InvalidRequest(ValueError):
     """Bad sampling parameters or a prompt that cannot be served; the message says why."""
 
 
+class EngineBusy(RuntimeError):
+    """What needs an idle engine (a cache rebuild) was asked while requests are queued or running."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to continue one prompt. temperature 0 is greedy; top_k <= 0 and top_p >= 1 disable."""

@@ -1,9 +1,10 @@
-"""How a hybrid model's requests use the prefix cache: resume from the deepest cached prefix that
-has a recurrent-state checkpoint, have the prefill forward capture the state at each anchor it
-passes (state cuts), and link those checkpoints to the tree once the prompt's KV is in it (at the end of
-prefill) or when the request finishes (the state after everything it computed).
-
-Called by the Scheduler only for hybrid models with a checkpoint pool (engine/build.py).
+"""The recurrent-state seam of the Scheduler: one object it calls at every point of a request's
+life, whatever the model. Attention-only models get NoRecurrentState (every call a no-op); a GDN
+model gets StateRows (a recurrent-state row per running request) and, with a prefix cache, a
+Resumer: requests resume from the deepest cached prefix that has a recurrent-state checkpoint, the
+prefill forward captures the state at each anchor it passes (state cuts), and those checkpoints are
+linked to the tree once the prompt's KV is in it (at the end of prefill) or when the request
+finishes (the state after everything it computed). engine/build.py picks one.
 """
 from __future__ import annotations
 
@@ -13,9 +14,57 @@ ANCHORS_PER_PROMPT = 16    # checkpoints one prompt's prefill may take, besides 
 MIN_ANCHOR_GAP = 8         # tokens; of two anchors closer than this only the later one is kept
 
 
-class Resumer:
+class NoRecurrentState:
+    """An attention-only model: the KV pool is the whole state of a request."""
+
+    def add(self, req) -> None:
+        """A request was queued."""
+
+    def admit(self, req) -> None:
+        """The request starts running."""
+
+    def reuse(self, req) -> bool:
+        """Take a cached prefix for req; False: the Scheduler's own KV prefix match serves."""
+        return False
+
+    def cuts(self, req, n: int) -> list:
+        """(offset, sink) of each state the forward of req's next n prompt tokens captures."""
+        return []
+
+    def link(self, req, tokens) -> None:
+        """`tokens` of req are in the prefix tree now."""
+
+    def sampled(self, req, token: int) -> None:
+        """Decode sampled `token` for req."""
+
+    def finish(self, req, reason: str) -> None:
+        """The request ended (before its KV is released)."""
+
+    def settle(self, req, tokens) -> None:
+        """After finish: what req computed is in the tree (`tokens`); drop what found no node."""
+
+
+class StateRows(NoRecurrentState):
+    """A GDN model without a prefix cache: one recurrent-state row per running request."""
+
+    def __init__(self, states):
+        self.states = states
+
+    def admit(self, req) -> None:
+        req.state_row = self.states.alloc()      # one row per running request: always free
+
+    def finish(self, req, reason: str) -> None:
+        if req.state_row is not None:
+            self.states.free(req.state_row)
+            req.state_row = None
+
+
+class Resumer(StateRows):
+    """A GDN model with a prefix cache: resume at checkpoints, capture at anchors, link to the tree."""
+
     def __init__(self, cache, pool, states, anchors):
-        self.cache, self.pool, self.states, self.anchors = cache, pool, states, anchors
+        super().__init__(states)
+        self.cache, self.pool, self.anchors = cache, pool, anchors
 
     def add(self, req) -> None:
         """Every anchor of the prompt, one of any two closer than MIN_ANCHOR_GAP (the later: a
@@ -43,7 +92,7 @@ class Resumer:
             ahead = ahead[:half] + ahead[-half:]
         req.anchors = ahead + req.anchor_candidates[-1:]
 
-    def reuse(self, req) -> None:
+    def reuse(self, req) -> bool:
         """Take the deepest resumable cached prefix of all but the last prompt token (locked)."""
         if req.params.prompt_logprobs is not None:    # needs every position's logits
             slots, node = [], self.cache.root
@@ -54,9 +103,11 @@ class Resumer:
         req.num_computed = req.num_cached = len(slots)
         req.resume = node.checkpoint if slots else None
         self._select(req)
+        return True
 
-    def start(self, req) -> None:
-        """The request got its state row: load the checkpoint it resumes from (else it is zero)."""
+    def admit(self, req) -> None:
+        """The request gets its state row and the checkpoint it resumes from (else it is zero)."""
+        super().admit(req)
         if req.resume is not None:
             self.pool.restore(req.resume, self.states, req.state_row)
             req.resume = None
@@ -65,6 +116,8 @@ class Resumer:
         """(offset in the chunk, sink) for each anchor the chunk of n tokens from req.num_computed
         reaches: its checkpoint is filled by that forward (models/state_cuts.py), one forward
         however many anchors the chunk spans, and is pending from now on."""
+        if req.state_row is None:
+            return []
         lo, hi = req.num_computed, req.num_computed + n
         out = []
         for p in req.anchors[bisect_right(req.anchors, lo):bisect_right(req.anchors, hi)]:
@@ -98,16 +151,19 @@ class Resumer:
             if ckpt is not None:
                 req.pending.append(ckpt)
 
-    def discard(self, req) -> None:
-        """Checkpoints the request took that never got a node (beyond what it computed)."""
+    def settle(self, req, tokens) -> None:
+        """Link what the finished request computed; discard the checkpoints that never got a node
+        (beyond what it computed)."""
+        self.link(req, tokens)
         for ckpt in req.pending:
             self.pool.discard(ckpt)
         req.pending = []
 
     def finish(self, req, reason: str) -> None:
         """A completed request leaves the state after everything it computed (the next turn of a
-        conversation extends exactly that)."""
+        conversation extends exactly that); then its row is freed."""
         if reason in ("stop", "length") and req.state_row is not None and req.num_computed > 0:
             ckpt = self.pool.take(self.states, req.state_row, req.num_computed)
             if ckpt is not None:
                 req.pending.append(ckpt)
+        super().finish(req, reason)

@@ -11,18 +11,16 @@ from __future__ import annotations
 from collections import deque
 
 from freetoken.engine.request import InvalidRequest, Request, Status
+from freetoken.engine.resume import NoRecurrentState
 
 PROMPT_LOGPROB_ROWS = 512   # prompt positions per step of a request that wants their logprobs
 
 
 class Scheduler:
     def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int, prefix_cache=None,
-                 states=None, anchors=None):
-        self.kv, self.cache, self.states = kv_pool, prefix_cache, states   # states: StatePool (hybrid)
-        self.resumer = None        # a hybrid with a checkpoint pool: engine/resume.py
-        if states is not None and prefix_cache is not None:
-            from freetoken.engine.resume import Resumer
-            self.resumer = Resumer(prefix_cache, prefix_cache.checkpoints, states, anchors)
+                 recurrent=None):
+        self.kv, self.cache = kv_pool, prefix_cache
+        self.recurrent = recurrent or NoRecurrentState()   # a GDN model's state rows/checkpoints: resume.py
         self.max_running, self.chunk_size, self.max_model_len = max_running, chunk_size, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -46,8 +44,7 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.check(req)
-        if self.resumer is not None:
-            self.resumer.add(req)
+        self.recurrent.add(req)
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -82,19 +79,13 @@ class Scheduler:
                 self._drop_prefix(req)
                 break
             self.waiting.popleft()
-            if self.states is not None:
-                req.state_row = self.states.alloc()      # one row per running request: always free
-                if self.resumer is not None:
-                    self.resumer.start(req)
+            self.recurrent.admit(req)
             req.status = Status.RUNNING
             self.running.append(req)
             reserved += need
 
     def _reuse_prefix(self, req: Request) -> None:
-        if self.cache is None:
-            return
-        if self.resumer is not None:
-            self.resumer.reuse(req)
+        if self.cache is None or self.recurrent.reuse(req):
             return
         if req.params.prompt_logprobs is not None:   # needs every position's logits: reuses nothing,
             req.lock_node = self.cache.root          # but its prompt is cached like any other
@@ -124,20 +115,17 @@ class Scheduler:
         req.lock_node, req.slots[:n] = node, slots
         req.slot_row_len = 0       # rewritten in place: the runner's int32 copy is stale
         self.kv.free(dups)         # positions another request had cached meanwhile: its copy is kept
-        if self.resumer is not None:
-            self.resumer.link(req, req.prompt_ids)
+        self.recurrent.link(req, req.prompt_ids)
 
     def checkpoint_sampled(self, req: Request, token: int) -> None:
-        """After decode sampled `token` for req (hybrid models): the state before a tool-call opener."""
-        if self.resumer is not None and not req.in_prefill:
-            self.resumer.sampled(req, token)
+        """After decode sampled `token` for req (GDN models: the state before a tool-call opener)."""
+        if not req.in_prefill:
+            self.recurrent.sampled(req, token)
 
     def state_cuts(self, req: Request, n: int) -> list:
         """(offset, sink) of each state the forward of req's next n prompt tokens should capture
-        (hybrid models: the anchors it passes, engine/resume.py); empty otherwise."""
-        if self.resumer is None or req.state_row is None or not req.in_prefill:
-            return []
-        return self.resumer.cuts(req, n)
+        (GDN models: the anchors it passes, engine/resume.py); empty otherwise."""
+        return self.recurrent.cuts(req, n) if req.in_prefill else []
 
     def alloc(self, n: int) -> list[int]:
         """n KV slots, evicting unlocked cached prefixes when the free list runs short."""
@@ -155,19 +143,13 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        if self.resumer is not None:
-            self.resumer.finish(req, reason)
-        if req.state_row is not None:
-            self.states.free(req.state_row)
-            req.state_row = None
+        self.recurrent.finish(req, reason)
         slots = req.slots
         if self.cache is not None and req.lock_node is not None:
             # Keep what was computed for later requests; free the slots the tree already had.
             done = req.num_computed
             self.kv.free(self.cache.insert(req.all_ids[:done], slots[:done]) + slots[done:])
-            if self.resumer is not None:
-                self.resumer.link(req, req.all_ids[:done])
-                self.resumer.discard(req)
+            self.recurrent.settle(req, req.all_ids[:done])
             self.cache.unlock(req.lock_node)
             req.lock_node = None
         else:

@@ -27,7 +27,7 @@ LOG_EVERY_S = 15.0
 # compiles of one cold warm-up by model kind: the bf16 ones measured on numba 0.68 (tiny-agent-moe,
 # synth:tiny-hybrid), f32 taken to be the same; a count off by some only moves the bar's end, and
 # the first warm-up that compiles everything records the true one
-ESTIMATES = {"moe/bf16": 97, "moe/f32": 97, "hybrid/bf16": 153, "hybrid/f32": 153}
+ESTIMATES = {"moe/bf16": 97, "moe/f32": 97, "gdn/bf16": 153, "gdn/f32": 153}
 
 
 def counts_path():

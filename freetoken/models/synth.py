@@ -10,10 +10,11 @@ uniformly from 4 consecutive values, i.e. |w| in [2^-8, 2^-4) for the base scale
 mean 0 (close to the usual 0.02 init). Norm weights are 1 + 0.1 * N(0, 1) (times qk_scale for
 q_norm and k_norm).
 
-Routing (DESIGN §9): with every matrix at std ~0.02, attention averages the context almost
-uniformly, its (nearly position-independent) output dominates the residual stream, consecutive
-tokens share nearly all of their experts and greedy decoding repeats one token forever; an
-embedding 64x larger makes routing uniformly random. Two knobs set where a model sits between:
+Routing (docs/design.md, The synthetic shapes): with every matrix at std ~0.02, attention
+averages the context almost uniformly, its (nearly position-independent) output dominates the
+residual stream, consecutive tokens share nearly all of their experts and greedy decoding
+repeats one token forever; an embedding 64x larger makes routing uniformly random. Two knobs set
+where a model sits between:
 ``embed_scale`` multiplies the embedding (a power of two; others are rounded to the nearest one)
 and ``qk_scale`` multiplies the q_norm/k_norm weights, which sharpens attention so that its output
 differs from position to position. Measured on synth:medium (64 experts, top-8, 12 layers; a

@@ -9,8 +9,8 @@
   executor.py      CpuExecutor: one worker thread running the `experts` op on host banks
   cpu_branch.py    the -1 experts of a layer call on the CPU: staged (GPU) or in place (host)
   prefill.py       whole-layer prefill streaming through the slot pool
-  options.py       start-up decisions: backend, cache size, fetch policy (logged)
-  runtime.py       build_moe(..., dev) -> MoERuntime.forward(j, x, ids, weights, prefill), any device
+  runtime.py       MoEPlan; build_moe(cfg, banks, plan, ...) -> MoERuntime.forward(j, x, ids, weights, prefill)
+                   (the backend, slots and fetch policy come decided: engine/plan.py)
   profile.py       bandwidth profile, phi, backend recommendation
   trace.py         routing traces: recorder, reader, synthetic generator
 See docs/moe.md. Nothing is imported here, so `import freetoken.moe` stays cheap.

@@ -1,5 +1,6 @@
-"""The CPU branch of a MoE layer call (DESIGN §5.2 hybrid, §5.4): the (token, expert) pairs the
-residency step left at -1 run on the CPU from the host pool while the device runs the rest. The
+"""The CPU branch of a MoE layer call (docs/design.md, The q* split; The CPU expert executor):
+the (token, expert) pairs the residency step left at -1 run on the CPU from the host pool while
+the device runs the rest. The
 runtime calls ``start`` after the residency step, ``finish`` after the device's experts op, and
 ``run_all`` for the cpu backend; `make_cpu_branch` picks one of two implementations by the
 device's one capability (device.host_memory).
@@ -14,7 +15,7 @@ hand-off and no merge.
 
 Staging buffers are shared by all layers (one set per token count): safe because layer l's merge
 copy is enqueued before layer l+1's staging copy, whose event the host waits for before the CPU
-writes the buffers again (upstream pitfall 9).
+writes the buffers again (docs/design.md, Hazards: shared staging buffers follow stream order).
 
 ``HostCpuBranch`` (a host-memory device): x, the ids and the weights are host arrays already and
 the device op before ``start`` is done, so there is nothing to stage or copy back, and the job can
@@ -34,9 +35,10 @@ import numpy as np
 from freetoken.moe.executor import CpuExecutor
 
 HANDOFF_MODES = ("thread", "inline")
-# "thread" (the executor's worker, DESIGN §5.4) is the default; "inline" runs the op on the calling
-# thread, which overlaps the GPU just as well (its work is already enqueued) without the queue
-# hand-off. `measure_handoff` times both; switch the default only on a measurement.
+# "thread" (the executor's worker: docs/design.md, The CPU expert executor) is the default;
+# "inline" runs the op on the calling thread, which overlaps the GPU just as well (its work is
+# already enqueued) without the queue hand-off. `measure_handoff` times both; switch the default
+# only on a measurement.
 HANDOFF_MODE = "thread"
 
 

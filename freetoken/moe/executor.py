@@ -1,4 +1,5 @@
-"""CPU expert executor: one worker thread that runs the `experts` op on the host banks (DESIGN §5.4).
+"""CPU expert executor: one worker thread that runs the `experts` op on the host banks
+(docs/design.md, The CPU expert executor).
 
 The hybrid backend submits the (token, expert) pairs that did not get a slot, then computes the
 resident ones itself; the worker runs at the same time because the numba kernels release the GIL

@@ -1,4 +1,5 @@
-"""The host expert pool, page-locked (DESIGN §5.1): the source of truth every fill reads.
+"""The host expert pool, page-locked: the source of truth every fill reads (docs/design.md,
+Memory: one expert cache for all layers).
 
 Fills run at link speed only from pinned memory, and the fill kernel reads the banks through the
 device's mapping of that memory (UVA), so every layer's banks are pinned and mapped. The banks are
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from freetoken.moe.options import Log
+from freetoken.log import Log
 from freetoken.moe.pool import Bank, check_banks
 from freetoken.progress import progress
 from freetoken.cupy_loader import cupy as load_cupy

@@ -1,13 +1,15 @@
-"""Prefill through whole-layer buffers (DESIGN §5.5): prefill routes nearly every expert, so it
-skips the residency step and streams each MoE layer's full expert set to the device.
+"""Prefill through whole-layer buffers (docs/design.md, Prefill through whole-layer buffers):
+prefill routes nearly every expert, so it skips the residency step and streams each MoE layer's
+full expert set to the device.
 
 Overlap (S >= 2E, the default): two buffers of E slots are borrowed from the slot pool, buffer b =
 slots [bE, (b+1)E); layer l computes from buffer l % 2 while the copy stream loads layer l+1 into
 the other. Per prefill forward (at its first MoE layer): the borrowed slots are invalidated in the
 residency state (owners unlinked, usage 0: they become the decode cache's first victims), then a
 `begin` event recorded on the compute stream fences the copy stream against a decode still
-reading those slots (upstream pitfall 8). A load waits for its buffer's `release` (recorded after
-the layer that last read it) and records `ready`; compute waits for `ready`. An expert the decode
+reading those slots (docs/design.md, Hazards: a buffer is not refilled while a layer still reads
+it). A load waits for its buffer's `release` (recorded after the layer that last read it) and
+records `ready`; compute waits for `ready`. An expert the decode
 cache holds in a slot >= 2E is copied device to device instead of over the link. Routed ids are
 used unmapped: buffer position = expert id.
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from freetoken.moe.options import Log
+from freetoken.log import Log
 
 
 def overlap_ok(num_slots: int, num_experts: int, disabled: bool, log=None) -> bool:
@@ -109,3 +111,12 @@ class PrefillStreamer:
             out = part if out is None else out + part
         self._next = j + 1
         return out
+
+
+def prefill_as_decode(ids, xp, max_tokens: int, num_slots: int) -> bool:
+    """A short prefill chunk (fewer than max_tokens tokens, e.g. after a prefix hit) runs through
+    the expert cache like decode when its distinct experts fit the slots; longer chunks touch
+    nearly every expert and stream whole layers instead (threshold: docs/performance.md)."""
+    if ids.shape[0] >= max_tokens or num_slots <= 0:
+        return False
+    return int(xp.unique(ids).size) <= num_slots

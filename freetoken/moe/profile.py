@@ -1,5 +1,6 @@
-"""The bandwidth profile (DESIGN §5.6): what `python -m freetoken bench bw` measured on this
-machine, and the decisions the engine takes from it (auto backend, hybrid's phi).
+"""The bandwidth profile (docs/design.md, The bandwidth profile): what `python -m freetoken bench bw` measured on this
+machine, and what the start-up plan (engine/plan_moe.py) reads from it: the backend it recommends
+and hybrid's phi.
 
 File: $FREETOKEN_HOME/bench_bw.json, written atomically (temporary file + rename), keyed by GPU UUID
 then expert format, so one file serves several GPUs and formats without one overwriting another:
@@ -14,7 +15,8 @@ an unreadable file too (never a crash).
 
 phi prefers the contended pair, pcie / (pcie + cpu) (the makespan-optimal fraction of two
 branches that slow each other down), and falls back to the standalone B_P / B_H (docs/moe.md).
-The backend recommendation uses the standalone numbers (upstream pitfall 23 keeps both).
+The backend recommendation uses the standalone numbers; the file keeps both pairs, because each
+answers a different question.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from freetoken.moe.options import Log, choose_backend
+from freetoken.log import Log
 
 VERSION = 1
 FILENAME = "bench_bw.json"
@@ -164,13 +166,3 @@ def recommend(profile: Profile | None, fits: bool) -> tuple[str, str]:
     return choice, (f"CPU expert bandwidth B_H {b_h:.1f} GB/s {verb} {HYBRID_THRESHOLD:g} x fill "
                     f"bandwidth B_P {b_p:.1f} GB/s (phi {phi(profile):.3f}, profile of "
                     f"{profile.timestamp or 'unknown date'})")
-
-
-def decide_backend(requested: str, log=None, *, gpu: bool, fits: bool = False,
-                   profile: Profile | None = None) -> str:
-    """--moe-backend -> the backend to build; auto logs one line with the numbers and the reason."""
-    if requested != "auto" or not gpu:
-        return choose_backend(requested, Log(log), gpu=gpu)
-    choice, reason = recommend(profile, fits)
-    Log(log).info(f"moe-backend auto -> {choice}: {reason}")
-    return choice

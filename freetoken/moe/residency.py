@@ -1,4 +1,5 @@
-"""One expert cache for all MoE layers: the residency step of DESIGN §5.2, as a numpy spec.
+"""One expert cache for all MoE layers: the residency step (docs/design.md, The residency step),
+as a numpy spec.
 
 The CUDA residency kernel must match this bit for bit (slots, owners, usage, recency, rewritten
 ids, fill plan) over long random sequences, so everything is integer and every tie has a stated

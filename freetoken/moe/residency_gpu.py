@@ -1,9 +1,9 @@
 """The residency state on a device, behind one interface with two implementations.
 
-``GpuResidency`` keeps the state of DESIGN §5.2 in device arrays and runs the residency step as one
-kernel per MoE layer call (cuda/residency.cu), bit-identical to ``SlotCache.step`` (residency.py,
-the spec). The fill plan (slots, experts, count) stays on the device, so the copies that follow
-read it there and need no host round trip. ``HostResidency`` is the same interface over the spec
+``GpuResidency`` keeps the residency state (docs/design.md, The residency step) in device arrays
+and runs the residency step as one kernel per MoE layer call (cuda/residency.cu), bit-identical
+to ``SlotCache.step`` (residency.py, the spec). The fill plan (slots, experts, count) stays on
+the device, so the copies that follow read it there and need no host round trip. ``HostResidency`` is the same interface over the spec
 itself, with numpy "device" arrays: it is how CI runs the device runtime without a GPU.
 
 Both: ``step(layer, slots, cpu_ids, policy)`` (slots int32[T,k] holds the routed ids and is

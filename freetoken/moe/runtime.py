@@ -1,5 +1,5 @@
 """The MoE layer runtime: one object behind `moe.forward(j, x, ids, weights, prefill)`
-(docs/contracts.md) for every backend of DESIGN §5.2, over a device `dev` (moe/device.py). The CPU
+(docs/contracts.md) for every backend (docs/moe.md), over a device `dev` (moe/device.py). The CPU
 engine runs it over HostDevice (numpy), the CUDA engine over CudaDevice (CuPy; with
 FREETOKEN_CUDA_EMULATE=1 that is the emulated device, on the CPU).
 
@@ -31,19 +31,34 @@ Shape legend: T tokens, H hidden, E experts, k routed, I expert width, S slots, 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from freetoken.config import ConfigError, EngineConfig, ModelConfig
+from freetoken.config import ConfigError, ModelConfig
 from freetoken.moe.cpu_branch import HANDOFF_MODE, make_cpu_branch
 from freetoken.moe.device import HostDevice
 from freetoken.moe.host_pool import HostPool, pin_host_pool
-from freetoken.moe.options import Log, cache_plan, choose_backend, prefill_as_decode
 from freetoken.moe.pool import Bank, check_banks
-from freetoken.moe.prefill import PrefillStreamer, overlap_ok
+from freetoken.log import Log
+from freetoken.moe.prefill import PrefillStreamer, overlap_ok, prefill_as_decode
 from freetoken.moe.residency import COUNTERS
 from freetoken.moe.split import FetchPolicy
 
+BACKENDS = ("fused", "offload", "cpu", "hybrid")
 CACHED = ("offload", "hybrid")
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    """What the start-up plan (engine/plan.py) settled for the MoE runtime."""
+
+    backend: str                          # one of BACKENDS
+    slots: int = 0                        # expert-cache slots S (offload, hybrid)
+    policy: FetchPolicy | None = None     # which misses a layer-step fetches (offload, hybrid)
+    cpu_threads: int | None = None        # CPU expert executor threads (None: numba's count)
+    disable_prefill_overlap: bool = False
+    prefill_decode_tokens: int = 32       # shorter prefill chunks run through the cache like decode
 
 
 class MoERuntime:
@@ -78,7 +93,7 @@ class MoERuntime:
         return 0
 
     def _allocate(self, num_slots: int) -> None:
-        """Slot pool (zeroed: pitfall 4), residency state, prefill streamer for num_slots."""
+        """Slot pool (zeroed, so a slot read before its first fill holds no NaN), residency state, prefill streamer for num_slots."""
         S, xp, like = self._pool_slots(num_slots), self.dev.xp, self.host.banks[0]
         self.num_slots = num_slots if self.cached else 0
         self.res = self.dev.residency(self.L, self.E, max(S, 1))   # S = 0: counters only
@@ -184,10 +199,7 @@ class MoERuntime:
         """New slot pool of num_slots at a safe point (no call in flight): the old pool is freed
         first (the device may not hold both), the host pool is kept; cold cache, zero counters.
         On failure the old size is allocated again and the error re-raised."""
-        if not self.cached:
-            raise ConfigError(f"the {self.backend} MoE backend has no expert cache to resize")
-        if num_slots < 1:
-            raise ConfigError(f"expert cache of {num_slots} slots: need at least one")
+        assert self.cached and num_slots >= 1, (self.backend, num_slots)   # the plan checked both
         old = self.num_slots
         self.pool = self.streamer = self.res = None
         self._scratch.clear()
@@ -214,43 +226,39 @@ class MoERuntime:
         self.close()
 
 
-def build_moe(cfg: ModelConfig, banks, engine_config: EngineConfig, experts_op, log=None, *,
-              dev=None, backend: str | None = None, cpu_op=None, profile_phi: float | None = None,
-              handoff: str = HANDOFF_MODE) -> MoERuntime:
-    """Size the cache and the fetch policy, pin the host pool if the device reads it, and build.
+def host_pool_for(cfg: ModelConfig, banks, plan: MoEPlan, dev, log=None) -> HostPool:
+    """The host expert pool the runtime reads: banks as given when already a HostPool (rebuilds
+    reuse it), else pinned when the device reads host memory and the backend fetches or stages
+    from it (a pinning failure is a WARN and a pageable pool: start-up then plans again), else
+    pageable. banks: one (gate_up [E,2I,H], down [E,H,I]) per MoE layer, in cfg.moe_layers order."""
+    host, raw = _host_banks(cfg, banks)
+    if host is not None:
+        return host
+    pin = plan.backend != "fused" and dev.needs_pinning
+    return pin_host_pool(raw, log) if pin else HostPool.pageable(raw)
 
-    banks: a HostPool (reused across rebuilds) or one (gate_up [E,2I,H], down [E,H,I]) per MoE
-    layer, in cfg.moe_layers order. experts_op: the device's `experts` op (contract signature).
-    log: a Logger or a callable(msg). dev: moe/device.py (default HostDevice). backend: already
-    decided (the CUDA engine resolves auto from the bandwidth profile, profile.decide_backend), or
-    None: --moe-backend, auto meaning cpu on a host-memory device. cpu_op: the CPU experts op;
-    default experts_op on a host-memory device (it runs on the CPU already, and on the ref backend
-    stays the numpy spec), else kernels.experts.cpu. profile_phi: phi of the bandwidth profile.
-    Offload with a cache below one decode step's need runs as hybrid (options.cache_plan, WARN); a
-    pool that cannot be pinned for a device that needs it turns offload/hybrid into cpu (WARN)."""
-    sink, log, ec = log, Log(log), engine_config       # helpers get the raw sink (Log(Log) fails)
+
+def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, dev=None, cpu_op=None,
+              handoff: str = HANDOFF_MODE) -> MoERuntime:
+    """The runtime the plan describes (engine/plan.py decides backend, slots and fetch policy; this
+    builds, it does not decide). banks: a HostPool or the raw banks (host_pool_for). experts_op: the
+    device's `experts` op (contract signature). log: a Logger or a callable(msg). dev: moe/device.py
+    (default HostDevice). cpu_op: the CPU experts op; default experts_op on a host-memory device (it
+    runs on the CPU already, and on the ref backend stays the numpy spec), else kernels.experts.cpu."""
     dev = dev if dev is not None else HostDevice()
-    backend = backend or choose_backend(ec.moe_backend, log, gpu=not dev.host_memory)
+    host = host_pool_for(cfg, banks, plan, dev, log)
+    if plan.backend in CACHED and dev.needs_pinning and not host.pinned:
+        raise ConfigError(f"moe {plan.backend} needs a pinned host expert pool; plan again with the pinning "
+                          "failure known (engine/plan.py falls back to cpu)")
     if cpu_op is None:
         cpu_op = experts_op if dev.host_memory else _kernel_cpu_op()
-    host, raw = _host_banks(cfg, banks)
-    slots, policy = 0, None               # sized before pinning: a bad flag fails in a second
-    if backend in CACHED:                 # offload below one step's need becomes hybrid (WARN)
-        backend, slots, policy = cache_plan(backend, len(raw), cfg.num_experts,
-                                            cfg.num_experts_per_tok, ec, log, profile_phi)
-    if host is None:
-        pin = backend != "fused" and dev.needs_pinning
-        host = pin_host_pool(raw, sink) if pin else HostPool.pageable(raw)
-    if backend in CACHED and dev.needs_pinning and not host.pinned:
-        log.warn(f"moe {backend} needs a pinned host expert pool; falling back to --moe-backend cpu")
-        backend, slots, policy = "cpu", 0, None
-    where = f"moe {backend} on {dev.name}"
-    log.info(f"{where}: {slots} expert slots for {len(raw)} layers x {cfg.num_experts} experts"
-             if slots else where)
-    moe = MoERuntime(backend, host, dev, experts_op, cpu_op, policy=policy, num_slots=slots,
-                     cpu_threads=ec.moe_cpu_threads, handoff=handoff, log=sink,
-                     disable_overlap=ec.disable_moe_prefill_overlap)
-    moe.prefill_decode_tokens = ec.moe_prefill_decode_tokens
+    where = f"moe {plan.backend} on {dev.name}"
+    Log(log).info(f"{where}: {plan.slots} expert slots for {host.num_layers} layers x {cfg.num_experts} experts"
+                  if plan.slots else where)
+    moe = MoERuntime(plan.backend, host, dev, experts_op, cpu_op, policy=plan.policy, num_slots=plan.slots,
+                     cpu_threads=plan.cpu_threads or 0, handoff=handoff, log=log,
+                     disable_overlap=plan.disable_prefill_overlap)
+    moe.prefill_decode_tokens = plan.prefill_decode_tokens
     return moe
 
 

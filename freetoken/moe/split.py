@@ -1,4 +1,5 @@
-"""How many of a layer-step's m expert misses to fetch into the slot cache (DESIGN §5.3).
+"""How many of a layer-step's m expert misses to fetch into the slot cache
+(docs/design.md, The q* split).
 
 The rest run on the CPU. Everything here is integer arithmetic so that the CUDA residency kernel
 and this numpy/stdlib mirror choose the same q for every m, bit for bit.
@@ -49,9 +50,10 @@ class FetchPolicy:
     kind "fraction": q = fetch_count(m, frac_q16) (the q* rule; frac 0 is phi = 0, pure CPU).
     kind "cap":      q = min(m, cap)              (--moe-hybrid-max-fetch N).
     kind "all":      q = m                        (classic offload).
-    min_fill 1:      q = max(q, 1) whenever m > 0 (the paper's "at least one fill").
+    min_fill 1:      q = max(q, 1) whenever m > 0 (keeps a cold cache learning).
     order:           which q misses form the fill set: "recency" (recency descending, ties by
-                     lower id; DESIGN §5.2 part 3) or "lowest_id" (ascending expert id).
+                     lower id; docs/moe.md, The residency step, part 3) or "lowest_id"
+                     (ascending expert id).
     """
 
     kind: str

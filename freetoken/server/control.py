@@ -7,7 +7,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from freetoken.engine.async_engine import EngineBusy
+from freetoken.engine.request import EngineBusy
 from freetoken.log import logger
 from freetoken.server.body import read_json
 from freetoken.server.errors import APIError
@@ -58,7 +58,8 @@ async def cache_rebuild(request: Request) -> Response:
     state = request.app.state.server
     body = Body(await read_json(request, state.config.max_body_bytes))
     body.only({"moe_cache_size", "num_kv_tokens"})
-    sizes = {k: body.int(k, None, lo=lo) for k, lo in (("moe_cache_size", 0), ("num_kv_tokens", 1))}
+    # types here; bounds in the engine's plan, the same checks as at start-up (engine/plan.py)
+    sizes = {k: body.int(k, None, lo=None, hi=None) for k in ("moe_cache_size", "num_kv_tokens")}
     sizes = {k: v for k, v in sizes.items() if v is not None}
     if not sizes:
         raise APIError(400, "give moe_cache_size and/or num_kv_tokens")

@@ -86,7 +86,7 @@ def test_an_edit_in_the_middle_resumes_from_the_anchor_before_it(engines):
     ids = cached.chat_prompt(edited)
     original = cached.chat_prompt(msgs)
     diverge = next(i for i, (a, b) in enumerate(zip(ids, original)) if a != b)
-    anchors = cached.core.scheduler.resumer.anchors.positions(ids)
+    anchors = cached.core.scheduler.recurrent.anchors.positions(ids)
     before = max(p for p in anchors if p <= diverge)
     req = run(cached, ids)
     assert req.num_cached == before                      # the deepest anchor before the edit
@@ -192,34 +192,12 @@ def test_one_forward_captures_the_state_at_every_anchor_it_passes(engines):
     check_tree(cached)
 
 
-def test_the_default_budget_is_per_running_request_and_capped_by_available_memory(monkeypatch):
-    """--state-checkpoint-mb -1: CHECKPOINTS_PER_REQUEST a running request, at most 1/8 of the
-    memory available; the device tier only what the GPU plan left over, at most the host tier;
-    the log sentence says which. Explicit flags are taken as given."""
-    from freetoken import env
-    from freetoken.config import EngineConfig
-    from freetoken.models.hf_config import model_config_from_dict
-    from freetoken.engine.build import CHECKPOINTS_PER_REQUEST, checkpoint_budgets
-    from freetoken.engine.state_pool import StatePool
-    from freetoken.models.synth_gdn import PRESETS
-    cfg = model_config_from_dict(PRESETS["qwen3.6-35b-a3b"].hf_config())
-    row = StatePool.bytes_per_row(cfg)
-    monkeypatch.setattr(env, "available_memory_bytes", lambda: 1 << 40)
-    host, device, why = checkpoint_budgets(cfg, EngineConfig(max_running_requests=2), 0)
-    assert (host, device) == (2 * CHECKPOINTS_PER_REQUEST * row, 0) and "per running request x 2" in why
-    monkeypatch.setattr(env, "available_memory_bytes", lambda: 8 << 30)
-    host, device, why = checkpoint_budgets(cfg, EngineConfig(), 5 << 30)
-    assert host == 1 << 30 and device == 1 << 30 and "capped at 1/8 of 8.0 GiB" in why and "device" in why
-    host, device, _ = checkpoint_budgets(cfg, EngineConfig(state_checkpoint_mb=100, state_checkpoint_gpu_mb=0), 5 << 30)
-    assert (host, device) == (100 << 20, 0)
-
-
 def test_a_prompt_that_ends_a_user_query_keeps_its_end_checkpoint(engines):
     """A prompt whose last message is the user's (not a tool result) marks its end checkpoint
     kept: the template re-renders what follows once the next query arrives, so that state is
     needed turns later."""
     cached, _ = engines
-    anchors = cached.core.scheduler.resumer.anchors
+    anchors = cached.core.scheduler.recurrent.anchors
     tool_turn = conversation(2)
     query_turn = tool_turn + [{"role": "user", "content": "Now run the tests."}]
     assert not anchors.ends_a_query(cached.chat_prompt(tool_turn))

@@ -4,7 +4,8 @@ import logging
 import pytest
 
 from freetoken import LLM, SamplingParams
-from freetoken.engine.rebuild import EngineBusy, RebuildRejected
+from freetoken.engine.rebuild import RebuildRejected
+from freetoken.engine.request import EngineBusy
 
 PROMPT = "def parse(self, text):\n    "
 
@@ -25,8 +26,8 @@ def test_resize_keeps_output_and_resets_counters(llm):
 
 
 def test_a_rebuild_sizes_the_expert_cache_once(llm):
-    """The sizing rules run once per rebuild: their line (here the cap at L*E = 64) appears once,
-    then the rebuild's own."""
+    """The resize is planned once: the changed decision (here the cap at Lm*E = 64) is logged once,
+    with why, then the rebuild's own line."""
     lines, log = [], logging.getLogger("freetoken")
 
     class Keep(logging.Handler):
@@ -40,7 +41,7 @@ def test_a_rebuild_sizes_the_expert_cache_once(llm):
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
-    assert lines == ["expert cache: 100 slots asked, 64 (= L*E) are enough; using 64",
+    assert lines == ["plan: expert cache 64 (moe_cache_size; 100 asked, 64 (= Lm*E) are enough)",
                      f"cache rebuilt: expert cache 64 slots, KV pool {llm.core.kv.num_slots} tokens"], lines
 
 
@@ -69,7 +70,7 @@ def test_offload_rebuild_below_one_step_is_rejected():
     is refused with both ways out named (docs/moe.md, "Any cache size"), and nothing changes."""
     llm = LLM(backend="cpu", moe_backend="offload", moe_cache_size=16)
     status = llm.core.cache_status()
-    with pytest.raises(RebuildRejected, match=r"too small.*>= 16 or --moe-backend hybrid"):
+    with pytest.raises(RebuildRejected, match=r"offload needs at least 16 .*--moe-backend hybrid"):
         llm.core.rebuild_cache(moe_cache_size=3)
     assert llm.core.cache_status() == status and status["moe"]["backend"] == "offload"
 

@@ -56,14 +56,15 @@ def test_checkpoints_are_on_by_default_and_off_says_so(caplog):
     with caplog.at_level(logging.INFO, logger="freetoken"):
         llm = LLM(SYNTH, backend="cpu", moe_backend="fused")
     assert llm.core.prefix_cache is not None and llm.core.checkpoints is not None
-    assert any("state checkpoints:" in r.getMessage() for r in caplog.records)
+    assert any("checkpoints (host)" in r.getMessage() for r in caplog.records)       # the plan summary
     assert any("recurrent-state pool" in r.getMessage() for r in caplog.records)
     llm.core.close()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="freetoken"):
         llm = LLM(SYNTH, backend="cpu", moe_backend="fused", state_checkpoint_mb=0)
     assert llm.core.prefix_cache is None
-    assert sum("prefix cache off" in r.getMessage() for r in caplog.records) == 1
+    assert sum("prefix cache        off" in r.getMessage() and "--state-checkpoint-mb is 0" in r.getMessage()
+               for r in caplog.records) == 1
     llm.core.close()
 
 

@@ -72,9 +72,25 @@ def engine(**kw):
     return EngineConfig(**{"max_running_requests": 2, "moe_prefill_decode_tokens": 0, **kw})
 
 
+def planned(ec, phi=None, cfg=None, log=None):
+    """The MoE part of the start-up plan (engine/plan.py) for these flags on a machine without a
+    GPU; phi: a bandwidth profile with that fetch fraction (B_P / B_H). log: a callable that gets
+    each decision (and "WARN " + each warning), as the engine's start-up log does."""
+    from freetoken.engine.plan import DeviceFacts, make_plan
+    from freetoken.moe.profile import Profile
+    profile = None if phi is None else Profile("GPU-test", "test", "bf16", 1, b_h_gbs=1.0, b_p_gbs=phi)
+    plan = make_plan(cfg or model_config(), ec, DeviceFacts(gpu_missing="no GPU in this test", profile=profile))
+    for d in plan.decisions if log else ():
+        log(f"{d.name} {d.value} ({d.why})")
+    for line in plan.warnings if log else ():
+        log(f"WARN {line}")
+    return plan.moe
+
+
 def build(backend, banks, logs=None, **kw):
     sink = logs.append if logs is not None else (lambda msg: None)
-    return build_moe(model_config(), banks, engine(moe_backend=backend, **kw), np_experts, sink)
+    return build_moe(model_config(), banks, planned(engine(moe_backend=backend, **kw), log=sink), np_experts,
+                     sink)
 
 
 def workload(rng, steps=40, prefill_every=0, prefill_tokens=(5, 6)):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, L, engine, model_config, random_banks
+from moe_helpers import E, H, I, L, engine, model_config, planned, random_banks
 from moe_helpers import workload as shared_workload
 
 from freetoken.config import EngineConfig
@@ -56,7 +56,7 @@ def build(backend, banks, host=None, **kw):
     opts = {k: v for k, v in kw.items() if k in EngineConfig.field_names()}
     extra = {k: v for k, v in kw.items() if k not in opts}
     rt = build_moe(model_config(), host if host is not None else banks,
-                   engine(moe_backend=backend, **opts), gpu_op, None, backend=backend,
+                   planned(engine(moe_backend=backend, **opts)), gpu_op, None,
                    dev=CudaDevice(), cpu_op=cpu_op, **extra)
     return rt
 

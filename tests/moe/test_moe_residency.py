@@ -1,4 +1,4 @@
-"""SlotCache: the residency step of DESIGN §5.2, checked by invariants over random sequences, at
+"""SlotCache: the residency step (docs/design.md), checked by invariants over random sequences, at
 every cache size from one slot up (q is bounded by the evictable slots; the rest runs on the CPU)."""
 import numpy as np
 import pytest

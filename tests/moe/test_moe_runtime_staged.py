@@ -4,7 +4,8 @@ through StagingHostDevice (moe_helpers), checked in CI against the runtime on th
 (which reads the host bank in place) and the fused backend."""
 import numpy as np
 import pytest
-from moe_helpers import E, H, I, K, L, StagingHostDevice, engine, model_config, np_experts, random_banks, run
+from moe_helpers import (E, H, I, K, L, StagingHostDevice, engine, model_config, np_experts, planned,
+                         random_banks, run)
 from moe_helpers import workload as _workload
 
 from freetoken.moe.cpu_branch import measure_handoff
@@ -34,8 +35,8 @@ VARIANTS = {
 def build(name, banks, logs=None, **kw):
     backend, opts = VARIANTS[name]
     sink = logs.append if logs is not None else (lambda m: None)
-    return build_moe(model_config(), banks, engine(moe_backend=backend, **opts), np_experts,
-                     sink, backend=backend, dev=StagingHostDevice(), cpu_op=np_experts, **kw)
+    return build_moe(model_config(), banks, planned(engine(moe_backend=backend, **opts)), np_experts,
+                     sink, dev=StagingHostDevice(), cpu_op=np_experts, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def setup():
     rng = np.random.default_rng(11)
     banks = random_banks(rng, L, E, H, I)
     calls = workload(rng)
-    with build_moe(model_config(), banks, engine(moe_backend="fused"), np_experts, lambda m: None) as rt:
+    with build_moe(model_config(), banks, planned(engine(moe_backend="fused")), np_experts, lambda m: None) as rt:
         return banks, calls, run(rt, calls)
 
 
@@ -68,7 +69,7 @@ def test_decode_counters_match_host_runtime(setup, name):
     banks, calls, _ = setup
     decode = [c for c in calls if not c[4]]
     backend, opts = VARIANTS[name]
-    with build(name, banks) as rt, build_moe(model_config(), banks, engine(moe_backend=backend, **opts),
+    with build(name, banks) as rt, build_moe(model_config(), banks, planned(engine(moe_backend=backend, **opts)),
                                              np_experts, lambda m: None) as ref:
         run(rt, decode)
         run(ref, decode)
@@ -130,36 +131,38 @@ def test_rebuild_resizes_and_starts_cold(setup):
         assert rt.stats()["total"]["hits"] == 0 and rt.stats()["prefill_calls"] == 0
         for a, b in zip(run(rt, calls), want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    with build("cpu", banks) as rt, pytest.raises(ValueError, match="no expert cache"):
+    with build("cpu", banks) as rt, pytest.raises(AssertionError):   # the plan refuses it first
         rt.rebuild(10)
 
 
-def test_unpinned_pool_falls_back_to_cpu(setup):
-    """A device that needs pinned memory, and pinning fails (no GPU here): WARN and the cpu backend."""
+class NeedsPinning(StagingHostDevice):
+    needs_pinning = True
+
+
+def test_an_unpinned_pool_is_refused_and_the_plan_again_runs_cpu(setup):
+    """A device that needs pinned memory, and pinning fails (no GPU here): a WARN, build_moe refuses
+    a cached backend over the pageable pool, and the plan made again with the failure known runs
+    the cpu backend (EngineCore._make_moe does exactly this), with the same output."""
+    from freetoken.engine.plan import DeviceFacts, make_plan
+    from freetoken.moe.runtime import host_pool_for
     banks, calls, want = setup
-
-    class NeedsPinning(StagingHostDevice):
-        needs_pinning = True
-
-    logs = []
-    rt = build_moe(model_config(), banks, engine(moe_backend="hybrid", moe_cache_size=6), np_experts,
-                       logs.append, backend="hybrid", dev=NeedsPinning(), cpu_op=np_experts)
-    with rt:
+    ec, logs = engine(moe_backend="hybrid", moe_cache_size=6), []
+    host = host_pool_for(model_config(), banks, planned(ec), NeedsPinning(), logs.append)
+    assert not host.pinned and any(m.startswith("WARN") and "pinning the host expert pool" in m for m in logs)
+    with pytest.raises(ValueError, match="needs a pinned host expert pool"):
+        build_moe(model_config(), host, planned(ec), np_experts, dev=NeedsPinning())
+    again = make_plan(model_config(), ec, DeviceFacts(gpu_missing=None, free_device_bytes=1 << 40, host_pinned=False))
+    assert again.moe.backend == "cpu" and any("pinning it failed" in w for w in again.warnings)
+    with build_moe(model_config(), host, again.moe, np_experts, dev=NeedsPinning(), cpu_op=np_experts) as rt:
         assert rt.backend == "cpu" and not rt.host.pinned and rt.streamer is None
         for a, b in zip(run(rt, calls), want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert any(m.startswith("WARN") and "pinning the host expert pool" in m for m in logs)
-    assert any(m.startswith("WARN") and "falling back to --moe-backend cpu" in m for m in logs)
 
 
-def test_config_errors_come_before_pinning(setup):
+def test_bank_errors_come_before_pinning(setup):
     banks, _, _ = setup
-    with pytest.raises(ValueError, match="mutually exclusive"):
-        build_moe(model_config(), banks, engine(moe_backend="offload", moe_cache_size=8,
-                                                moe_cache_rate=0.5), np_experts,
-                  backend="offload", dev=StagingHostDevice())
     with pytest.raises(ValueError, match="expert banks"):
-        build_moe(model_config(), banks[:2], engine(), np_experts, backend="cpu", dev=StagingHostDevice())
+        build_moe(model_config(), banks[:2], planned(engine(moe_backend="cpu")), np_experts, dev=StagingHostDevice())
 
 
 def test_measure_handoff_on_host():
@@ -190,8 +193,8 @@ def test_engine_with_the_staged_runtime_gives_the_same_text(monkeypatch, options
     def make_device_moe(core):
         cfg = core.model_config
         banks = [(core.weights.layers[i].gate_up, core.weights.layers[i].down) for i in cfg.moe_layers]
-        return build_moe(cfg, banks, core.config, core.ops.experts, None,
-                         backend=core.config.moe_backend, dev=StagingHostDevice(), cpu_op=cpu_experts)
+        return build_moe(cfg, banks, core.plan.moe, core.ops.experts, None, dev=StagingHostDevice(),
+                         cpu_op=cpu_experts)
 
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     prompt = list(range(5, 40))

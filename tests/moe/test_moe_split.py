@@ -1,4 +1,4 @@
-"""The q* split (DESIGN §5.3): integer rule, its properties, and FetchPolicy."""
+"""The q* split (docs/design.md, The q* split): integer rule, its properties, and FetchPolicy."""
 import numpy as np
 import pytest
 
@@ -45,11 +45,11 @@ def test_edges_and_worked_examples():
 
 
 @pytest.mark.parametrize("b_p, b_h, want", TABLE1)
-def test_paper_table1_machines(b_p, b_h, want):
+def test_reference_machines(b_p, b_h, want):   # docs/design.md, The q* split
     assert fetch_count(4, frac_q16(b_p / b_h)) == want
 
 
-def test_upstream_example_table():
+def test_q_for_m_1_to_12():
     rows = {0.10: "0 0 0 0 0 0 0 0 1 1 1 1", 0.25: "0 0 0 1 1 1 1 2 2 2 2 3",
             0.40: "0 1 1 1 2 2 3 3 3 4 4 5", 0.50: "0 1 1 2 2 3 3 4 4 5 5 6",
             0.682: "1 2 2 3 4 4 5 6 6 7 8 8"}

@@ -9,11 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-from moe_helpers import (E, H, I, K, L, StagingHostDevice, engine, model_config, np_experts, random_banks,
-                         run, workload)
+from moe_helpers import (E, H, I, K, L, StagingHostDevice, engine, model_config, np_experts, planned,
+                         random_banks, run, workload)
 
 from freetoken.config import ConfigError
-from freetoken.moe.options import Log, cache_plan, cache_slots, step_need
+from freetoken.engine.plan import DeviceFacts, Resize, make_plan
+from freetoken.engine.plan_moe import step_need
 from freetoken.moe.runtime import build_moe
 
 NEED = step_need(E, K, 2)           # moe_helpers.engine runs max_running_requests 2: 4 distinct
@@ -26,31 +27,34 @@ POLICIES = {
 }
 
 
+HOST = DeviceFacts(gpu_missing="no GPU here")
+
+
 def test_hybrid_cache_may_be_smaller_than_one_step():
     for slots in (1, NEED - 1):
-        assert cache_slots(L, E, K, engine(moe_backend="hybrid", moe_cache_size=slots), Log(print)) == slots
-    # offload, or a backend still "auto", fetches every miss: a clear error that names the way out
-    for backend in ("offload", "auto"):
-        with pytest.raises(ConfigError, match=f"too small.*>= {NEED} or --moe-backend hybrid"):
-            cache_slots(L, E, K, engine(moe_backend=backend, moe_cache_size=1), Log(print))
+        assert make_plan(model_config(), engine(moe_backend="hybrid", moe_cache_size=slots), HOST).moe.slots == slots
 
 
 def test_offload_below_one_step_falls_back_to_hybrid_with_a_warning():
-    logs = []
-    ec = engine(moe_backend="offload", moe_cache_size=2)
-    backend, slots, policy = cache_plan("offload", L, E, K, ec, Log(logs.append))
-    assert (backend, slots, policy.kind, policy.cap) == ("hybrid", 2, "cap", E)
+    p = make_plan(model_config(), engine(moe_backend="offload", moe_cache_size=2), HOST)
+    policy = p.moe.policy
+    assert (p.moe.backend, p.moe.slots, policy.kind, policy.cap) == ("hybrid", 2, "cap", E)
     assert policy.count(E) == E                         # every miss, as far as the slots go
-    assert len(logs) == 1 and logs[0].startswith("WARN moe offload") and "falling back to" in logs[0]
+    assert len(p.warnings) == 1 and "offload falls back to hybrid" in p.warnings[0]
+    assert f"--moe-cache-size >= {NEED} for offload" in p.warnings[0]
 
 
-def test_cache_plan_keeps_a_big_enough_offload_and_any_hybrid():
-    logs = []
-    plan = cache_plan("offload", L, E, K, engine(moe_backend="offload", moe_cache_size=NEED), Log(logs.append))
-    assert plan[:2] == ("offload", NEED) and plan[2].kind == "all" and not logs
-    backend, slots, policy = cache_plan("hybrid", L, E, K, engine(moe_cache_size=1, moe_fetch_fraction=0.5),
-                                        Log(logs.append))
-    assert (backend, slots, policy.kind) == ("hybrid", 1, "fraction")
+def test_a_resize_of_offload_below_one_step_is_refused_naming_the_need():
+    start = make_plan(model_config(), engine(moe_backend="offload", moe_cache_size=NEED), HOST)
+    with pytest.raises(ConfigError, match=f"offload needs at least {NEED}"):
+        make_plan(model_config(), engine(moe_backend="offload"), HOST, Resize(expert_slots=1), start)
+
+
+def test_the_plan_keeps_a_big_enough_offload_and_any_hybrid():
+    p = make_plan(model_config(), engine(moe_backend="offload", moe_cache_size=NEED), HOST)
+    assert (p.moe.backend, p.moe.slots, p.moe.policy.kind) == ("offload", NEED, "all") and not p.warnings
+    p = make_plan(model_config(), engine(moe_backend="hybrid", moe_cache_size=1, moe_fetch_fraction=0.5), HOST)
+    assert (p.moe.backend, p.moe.slots, p.moe.policy.kind) == ("hybrid", 1, "fraction")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,7 @@ def setup():
     rng = np.random.default_rng(23)
     banks = random_banks(rng, L, E, H, I)
     calls = workload(rng, steps=24, prefill_every=8, prefill_tokens=(3, 6))
-    with build_moe(model_config(), banks, engine(moe_backend="fused"), np_experts, lambda m: None) as rt:
+    with build_moe(model_config(), banks, planned(engine(moe_backend="fused")), np_experts, lambda m: None) as rt:
         return banks, calls, run(rt, calls)
 
 
@@ -78,7 +82,7 @@ def check(rt, calls, want, slots):
 def test_host_runtime_matches_fused(setup, slots, policy):
     banks, calls, want = setup
     ec = engine(moe_backend="hybrid", moe_cache_size=slots, **POLICIES[policy])
-    with build_moe(model_config(), banks, ec, np_experts, lambda m: None) as rt:
+    with build_moe(model_config(), banks, planned(ec), np_experts, lambda m: None) as rt:
         check(rt, calls, want, slots)
 
 
@@ -89,7 +93,7 @@ def test_device_runtime_on_host_matches_fused(setup, slots, policy):
     groups of S) on host arrays (StagingHostDevice)."""
     banks, calls, want = setup
     ec = engine(moe_backend="hybrid", moe_cache_size=slots, **POLICIES[policy])
-    with build_moe(model_config(), banks, ec, np_experts, lambda m: None, backend="hybrid",
+    with build_moe(model_config(), banks, planned(ec), np_experts, lambda m: None,
                    dev=StagingHostDevice(), cpu_op=np_experts) as rt:
         check(rt, calls, want, slots)
 
@@ -130,8 +134,8 @@ def test_cuda_runtime_matches_fused(slots):
     with pin_host_pool(banks) as host:                  # pinned once, unpinned at the end
         assert host.pinned
         for backend, opts in (("fused", {}), ("hybrid", dict(moe_cache_size=slots, moe_fetch_fraction=0.5))):
-            with build_moe(model_config(), host, engine(moe_backend=backend, **opts), gpu_op, None,
-                           backend=backend, dev=CudaDevice(), cpu_op=cpu_op) as rt:
+            with build_moe(model_config(), host, planned(engine(moe_backend=backend, **opts)), gpu_op, None,
+                           dev=CudaDevice(), cpu_op=cpu_op) as rt:
                 outs[backend] = [rt.forward(j, cp.asarray(x), cp.asarray(ids), cp.asarray(w),
                                             prefill=p).get() for j, x, ids, w, p in calls]
                 stats = rt.stats()

@@ -112,10 +112,25 @@ def test_metrics_after_traffic(server):
     assert "freetoken_moe_hits_total" in text and "freetoken_generation_tokens_total" in text
 
 
+def test_cache_status_returns_the_start_up_plan(server):
+    plan = cache_status(server.url)["geometry"]["plan"]
+    decisions = {d["name"]: d for d in plan["decisions"]}
+    assert plan["compute"] == "cpu" and plan["moe_backend"] == decisions["moe backend"]["value"] == "cpu"
+    assert plan["kv_tokens"] == cache_status(server.url)["kv"]["slots"]
+    assert decisions["moe backend"]["why"].startswith("auto: no GPU") and all(d["why"] for d in plan["decisions"])
+
+
+def test_a_bad_rebuild_is_a_400_naming_the_field(server):
+    for body, field in (({"num_kv_tokens": 1}, "num_kv_tokens"), ({"moe_cache_size": 8}, "moe_cache_size")):
+        r = httpx.post(server.url + "/v1/cache/rebuild", json=body, timeout=120)
+        assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
 def test_cache_rebuild_idle_and_under_traffic(server, oa):
     r = httpx.post(server.url + "/v1/cache/rebuild", json={"num_kv_tokens": 6144}, timeout=120)
     assert r.status_code == 200, r.text
     assert cache_status(server.url)["kv"]["slots"] == 6144
+    assert cache_status(server.url)["geometry"]["plan"]["kv_tokens"] == 6144
     answers, codes = [], []
 
     def ask():

@@ -25,7 +25,7 @@ def test_generate_cli_prints_transformers_greedy_text(expected, demo_tokenizer):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith(want.rstrip()[:20]), (r.stdout, want)
-    assert "state checkpoints:" in r.stderr and "recurrent-state pool" in r.stderr
+    assert "checkpoints (host)" in r.stderr and "recurrent-state pool" in r.stderr
 
 
 def test_serve_answers_through_the_sdk(expected, demo_tokenizer):

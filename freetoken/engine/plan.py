@@ -1,0 +1,250 @@
+"""The start-up plan: every size and backend the engine uses, settled once from the model's shape,
+the flags as the user gave them (EngineConfig, never rewritten) and the facts start-up measured
+(DeviceFacts). Pure: no I/O, no device; tests plan GPUs on a CPU with made-up facts.
+
+make_plan settles, in order: the compute backend, the context length, the KV dtype, the GPU memory
+split (plan_memory.py), the KV pool, the MoE backend, expert slots and fetch policy (plan_moe.py),
+CUDA graphs, the prefix cache and a GDN model's state checkpoints. Each decision carries the
+sentence that explains it; start-up logs the plan as one summary and /v1/cache/status returns it.
+An elastic resize is make_plan again with a Resize, then EngineCore.rebuild(plan).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from freetoken.config import ConfigError, EngineConfig, ModelConfig
+from freetoken.engine.plan_checks import check_config
+from freetoken.engine.plan_memory import (GB, GpuMemory, expert_bytes, host_kv_tokens, kv_bytes_per_token,
+                                          split_gpu_memory)
+from freetoken.engine.plan_moe import Decision, MoEAsk, plan_moe
+from freetoken.moe.runtime import CACHED, MoEPlan
+
+CHECKPOINTS_PER_REQUEST = 32   # default host budget per running request (bench/agent_edits.py --budgets)
+HOST_SHARE = 0.125             # the default takes at most this share of the host memory available
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What start-up measured (engine/facts.py); the plan's only window on the machine."""
+
+    gpu_missing: str | None = "no GPU was probed"   # None: a CUDA device is visible; else why not
+    gpu_name: str = ""                    # the visible device, in words
+    free_device_bytes: int = 0            # free GPU memory before FreeToken allocated any
+    host_available_bytes: int | None = None   # host memory available once the weights are loaded
+    weights_dtype: str = "bf16"           # "bf16" | "f32": the loaded weights' (and experts') format
+    profile: object = None                # moe/profile.Profile of this GPU and format, or None
+    host_pinned: bool = True              # False once pinning the host expert pool failed
+
+
+@dataclass(frozen=True)
+class Resize:
+    """An elastic resize: new expert-cache slots and/or KV tokens; everything else as before."""
+
+    expert_slots: int | None = None
+    kv_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    compute: str                  # "ref" | "cpu" | "cuda"
+    context_len: int
+    kv_tokens: int
+    kv_dtype: str                 # "bfloat16" | "float32"
+    moe: MoEPlan
+    cuda_graphs: bool
+    prefix_cache: bool
+    checkpoint_host_bytes: int    # a GDN model's state checkpoints in host memory
+    checkpoint_device_bytes: int  # ... and on the GPU
+    state_rows: int               # a GDN model's recurrent-state rows (one per running request)
+    memory: GpuMemory | None      # the GPU memory split (cuda only)
+    decisions: tuple[Decision, ...]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [d.why for d in self.decisions if d.warn]     # each why is written to stand alone
+
+    def summary(self) -> str:
+        """The plan in a few lines, one per decision, for the start-up log."""
+        width = max(len(d.name) for d in self.decisions)
+        return "start-up plan:\n" + "\n".join(f"  {d.name:<{width}}  {d.value}  ({d.why})" for d in self.decisions)
+
+    def as_dict(self) -> dict:
+        """JSON for /v1/cache/status: the values and, per decision, why."""
+        return {"compute": self.compute, "context_len": self.context_len, "kv_tokens": self.kv_tokens,
+                "kv_dtype": self.kv_dtype, "moe_backend": self.moe.backend, "expert_slots": self.moe.slots,
+                "fetch_policy": self.moe.policy.describe() if self.moe.policy else None,
+                "cuda_graphs": self.cuda_graphs, "prefix_cache": self.prefix_cache,
+                "checkpoint_host_bytes": self.checkpoint_host_bytes,
+                "checkpoint_device_bytes": self.checkpoint_device_bytes,
+                "decisions": [{"name": d.name, "value": d.value, "why": d.why, "warn": d.warn}
+                              for d in self.decisions]}
+
+
+def make_plan(model: ModelConfig, config: EngineConfig, facts: DeviceFacts, resize: Resize | None = None,
+              previous: Plan | None = None) -> Plan:
+    """The plan; raises ConfigError naming the flag (or the resize field) that cannot be met."""
+    check_config(config)
+    compute = compute_backend(config.backend, facts)
+    context = _context(model, config)
+    kv_dtype = _kv_dtype(config, facts)
+    itemsize, weight_size = (4 if kv_dtype.value == "float32" else 2), (2 if facts.weights_dtype == "bf16" else 4)
+    kv_asked = _kv_asked(config, resize, previous)
+    memory = None
+    if compute.value == "cuda":
+        memory, kv_why = split_gpu_memory(model, config, facts.free_device_bytes, weight_size, itemsize,
+                                          int(context.value), kv_asked)
+        kv_tokens = memory.kv_tokens
+    else:
+        kv_tokens, kv_why = host_kv_tokens(kv_asked, config.max_running_requests, int(context.value),
+                                           kv_bytes_per_token(model, itemsize))
+    kv = Decision("kv pool", f"{kv_tokens} tokens", kv_why)
+    moe, moe_decisions = _moe(model, config, facts, compute.value == "cuda", memory, resize, previous)
+    spare = _device_spare(model, memory, moe, weight_size)
+    graphs = _graphs(compute.value, moe.backend, model, config)
+    host, device, ckpt = _checkpoints(model, config, facts, compute.value, spare)
+    prefix = _prefix_cache(model, config, host + device)
+    split = [Decision("gpu memory", describe_memory(memory, _slots_on_gpu(memory, moe)),
+                      f"the budget is {memory.capped_by}")] if memory is not None else []
+    decisions = (compute, context, kv_dtype, kv, *moe_decisions, *split, _threads(config), graphs, *ckpt, prefix)
+    return Plan(compute.value, int(context.value), kv_tokens, kv_dtype.value, moe, graphs.value == "on",
+                prefix.value == "on", host, device, config.max_running_requests if model.has_gdn else 0, memory,
+                decisions)
+
+
+def compute_backend(asked: str, facts: DeviceFacts) -> Decision:
+    """--backend: auto is cuda when a GPU is visible, else cpu; cuda without one is an error."""
+    if asked == "auto":
+        if facts.gpu_missing:
+            return Decision("compute", "cpu", f"auto: no GPU: {facts.gpu_missing}")
+        return Decision("compute", "cuda", f"auto: {facts.gpu_name or 'a CUDA device is visible'}")
+    if asked == "cuda" and facts.gpu_missing:
+        raise ConfigError(f"--backend cuda: {facts.gpu_missing}")
+    return Decision("compute", asked, "--backend")
+
+
+def _context(model: ModelConfig, config: EngineConfig) -> Decision:
+    """--max-model-len as given, even beyond max_position_embeddings (RoPE angles come from the
+    positions; nothing is sized by the trained length), with a warning; else the trained length."""
+    trained = model.max_position_embeddings
+    if config.max_model_len is None:
+        return Decision("context", str(trained), "the model's max_position_embeddings")
+    if config.max_model_len > trained:
+        return Decision("context", str(config.max_model_len), f"--max-model-len {config.max_model_len} is beyond "
+                        f"the {trained} positions the model was trained on (max_position_embeddings): it runs, "
+                        f"but output quality past {trained} tokens is not guaranteed", warn=True)
+    return Decision("context", str(config.max_model_len), "--max-model-len")
+
+
+def _kv_dtype(config: EngineConfig, facts: DeviceFacts) -> Decision:
+    if config.kv_dtype != "auto":
+        return Decision("kv dtype", config.kv_dtype, "--kv-dtype")
+    kind = "float32" if facts.weights_dtype == "f32" else "bfloat16"
+    return Decision("kv dtype", kind, f"auto: the weights are {facts.weights_dtype}")
+
+
+def _kv_asked(config: EngineConfig, resize: Resize | None, previous: Plan | None) -> int | None:
+    if resize is None:
+        return config.num_kv_tokens
+    if resize.kv_tokens is not None:
+        if resize.kv_tokens < 2:
+            raise ConfigError(f"num_kv_tokens must be >= 2, got {resize.kv_tokens}")
+        return resize.kv_tokens
+    return previous.kv_tokens
+
+
+def _moe(model, config, facts, gpu, memory, resize, previous) -> tuple[MoEPlan, list[Decision]]:
+    fit = memory.fit_slots if memory is not None else None
+    if resize is None:
+        ask = MoEAsk(config.moe_backend, config.moe_cache_size, config.moe_cache_rate)
+        return plan_moe(model, config, ask, gpu, fit, facts.profile, facts.host_pinned)
+    backend, slots = previous.moe.backend, resize.expert_slots
+    if slots is not None and backend not in CACHED:
+        raise ConfigError(f"moe_cache_size: the {backend} MoE backend has no expert cache to resize")
+    if slots is not None and slots < 1:
+        raise ConfigError(f"moe_cache_size must be >= 1, got {slots}")
+    ask = MoEAsk(backend, slots if slots is not None else previous.moe.slots or None, None, resize=True)
+    moe, decisions = plan_moe(model, config, ask, gpu, fit, facts.profile)
+    return replace(moe, policy=previous.moe.policy), decisions[:2]
+
+
+def _device_spare(model: ModelConfig, memory: GpuMemory | None, moe: MoEPlan, weight_size: int) -> int:
+    """GPU bytes the expert cache leaves (the cpu backend borrows E or 2E slots to stream prefill)."""
+    if memory is None:
+        return 0
+    per, E = expert_bytes(model, weight_size), model.num_experts
+    used = {"fused": memory.total_experts, "cpu": (1 if moe.disable_prefill_overlap else 2) * E}.get(
+        moe.backend, moe.slots)
+    return max(memory.expert_room_bytes - used * per, 0)
+
+
+def _graphs(compute: str, moe_backend: str, model: ModelConfig, config: EngineConfig) -> Decision:
+    """Decode replays captured CUDA graphs with the fused MoE only: the other backends wait on the
+    host each layer; a GDN model's state-pool rows are not captured yet."""
+    if compute != "cuda":
+        return Decision("cuda graphs", "off", "not a CUDA engine")
+    reason = ("--disable-cuda-graph" if config.disable_cuda_graph else
+              "a GDN (Gated DeltaNet) model" if model.has_gdn else
+              f"the MoE backend is {moe_backend}, not fused" if moe_backend != "fused" else None)
+    return Decision("cuda graphs", "off" if reason else "on", reason or "fused MoE, decode steps replayed")
+
+
+def _threads(config: EngineConfig) -> Decision:
+    if config.moe_cpu_threads is None:
+        return Decision("moe cpu threads", "auto", "numba's thread count")
+    return Decision("moe cpu threads", str(config.moe_cpu_threads), "--moe-cpu-threads")
+
+
+def _checkpoints(model: ModelConfig, config: EngineConfig, facts: DeviceFacts, compute: str,
+                 device_spare: int) -> tuple[int, int, list[Decision]]:
+    """(host bytes, device bytes, decisions) of a GDN model's state checkpoints. Host:
+    --state-checkpoint-mb, else CHECKPOINTS_PER_REQUEST per running request, at most HOST_SHARE of
+    the memory available now. Device: --state-checkpoint-gpu-mb (the memory split claimed it), else
+    what the expert cache leaves, at most the host tier's size."""
+    if not model.has_gdn or not config.enable_prefix_cache:
+        return 0, 0, []
+    from freetoken.engine.state_pool import StatePool
+    row, running, avail = StatePool.bytes_per_row(model), config.max_running_requests, facts.host_available_bytes
+    if config.state_checkpoint_mb is not None:
+        host, why = config.state_checkpoint_mb << 20, "--state-checkpoint-mb"
+    else:
+        want = CHECKPOINTS_PER_REQUEST * running * row
+        host = max(min(want, int(HOST_SHARE * avail)), row) if avail else want
+        why = f"auto: {CHECKPOINTS_PER_REQUEST} per running request x {running}" + (
+            f", at most 1/{round(1 / HOST_SHARE)} of {avail / 2**30:.1f} GiB available" if host < want else "")
+    decisions = [Decision("checkpoints (host)", f"{_mib(host)} = {host // row} of {_mib(row)}", why)]
+    if compute != "cuda":
+        return host, 0, decisions
+    if config.state_checkpoint_gpu_mb is not None:
+        device, why = config.state_checkpoint_gpu_mb << 20, "--state-checkpoint-gpu-mb"
+    else:
+        device, why = min(device_spare, host), "auto: GPU memory the expert cache leaves, at most the host tier"
+    decisions.append(Decision("checkpoints (device)", f"{_mib(device)} = {device // row}", why))
+    return host, device, decisions
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _prefix_cache(model: ModelConfig, config: EngineConfig, checkpoint_bytes: int) -> Decision:
+    if not config.enable_prefix_cache:
+        return Decision("prefix cache", "off", "--no-enable-prefix-cache")
+    if model.has_gdn and checkpoint_bytes <= 0:
+        return Decision("prefix cache", "off", "a GDN model reuses a cached prefix only with a recurrent-state "
+                        "checkpoint, and --state-checkpoint-mb is 0")
+    return Decision("prefix cache", "on", "radix tree over token ids" + (
+        ", resumed at state checkpoints" if model.has_gdn else ""))
+
+
+def _slots_on_gpu(memory: GpuMemory, moe: MoEPlan) -> int:
+    return memory.total_experts if moe.backend == "fused" else moe.slots if moe.backend in CACHED else 0
+
+
+def describe_memory(memory: GpuMemory, slots: int) -> str:
+    """The GPU memory split in one line (the summary's 'gpu memory' decision)."""
+    gb = lambda n: f"{n / GB:.2f} GB" if n >= GB / 10 else f"{n / 1e6:.1f} MB"
+    return (f"budget {gb(memory.budget_bytes)}: weights {gb(memory.weights_bytes)}, "
+            f"workspace {gb(memory.workspace_bytes)}, KV {gb(memory.kv_bytes)}, expert cache "
+            f"{gb(slots * memory.one_expert_bytes)} ({slots} of {memory.total_experts} experts)"
+            + (f", state checkpoints {gb(memory.checkpoint_claim_bytes)}" if memory.checkpoint_claim_bytes else "")
+            + (f", recurrent states {gb(memory.state_bytes)}" if memory.state_bytes else ""))
