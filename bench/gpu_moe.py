@@ -53,11 +53,12 @@ def bandwidths(model: str, seconds: float) -> tuple[dict, float]:
 
 
 def swap_moe(llm: LLM, **changes) -> None:
-    """Rebuild the engine's MoE runtime with new EngineConfig fields (model and host pool kept)."""
+    """Rebuild the engine's MoE runtime as the plan for these flag changes says (model and host
+    pool kept; the engine's own flags are not rewritten: the bench plans with a copy)."""
+    from freetoken.engine.plan import make_plan
     core = llm.core
-    old = core.moe
-    core.config = core.config.replace(**changes)
-    old.close()
+    core.moe.close()
+    core.plan = make_plan(core.model_config, core.config.replace(**changes), core.facts)
     core.moe = core.model.moe = core._make_moe()
 
 

@@ -68,7 +68,7 @@ def test_a_gpu_with_no_room_for_experts_still_runs_hybrid(expected):
     from freetoken import LLM
     from freetoken.config import EngineConfig
     from freetoken.models.hf_config import read_model_config
-    from freetoken.demo import packaged_demo_dir
+    from freetoken.models.demo import packaged_demo_dir
     from freetoken.engine import plan_memory as gb
     cfg, ec = read_model_config(packaged_demo_dir()), EngineConfig(num_kv_tokens=4096)
     room = (gb.weight_bytes(cfg, 2) + gb.workspace_bytes(cfg, ec, cfg.max_position_embeddings)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from freetoken.demo import synth_tokenizer_dir
+from freetoken.models.demo import synth_tokenizer_dir
 
 _BENCH = Path(__file__).resolve().parents[1] / "bench"
 

@@ -21,7 +21,7 @@ FLOORS = (
     ("commands", ("freetoken.cli", "freetoken.__main__", "freetoken.commands")),
     ("server", ("freetoken.server", "freetoken")),   # freetoken/__init__.py: the public API (LLM)
     ("engine", ("freetoken.engine",)),
-    ("models", ("freetoken.models", "freetoken.demo")),
+    ("models", ("freetoken.models", "freetoken.models.demo")),
     ("moe", ("freetoken.moe",)),
     ("kernels", ("freetoken.kernels", "freetoken.backend")),
     ("device", ("freetoken.cupy_loader", "freetoken.cuda_emu")),

@@ -5,7 +5,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from freetoken.demo import packaged_demo_dir, synth_tokenizer_dir, write_random_model
+from freetoken.models.demo import packaged_demo_dir, synth_tokenizer_dir, write_random_model
 from freetoken.models.hf_config import read_model_config
 from freetoken.tokenizer import ChatTemplateError, IncrementalDetokenizer, Tokenizer
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from freetoken import progress as progress_mod
-from freetoken.demo import packaged_demo_dir
+from freetoken.models.demo import packaged_demo_dir
 from freetoken.models.hf_config import model_config_from_dict, read_model_config
 from freetoken.kernels._bf16 import from_f32, to_f32
 from freetoken.models.weights import (Checkpoint, SafetensorsFile, WeightsError, load_weights,

@@ -41,7 +41,7 @@ ASSISTANT = "<|im_start|>assistant\n"
 
 
 def tokenizer():
-    from freetoken.demo import synth_tokenizer_dir
+    from freetoken.models.demo import synth_tokenizer_dir
     from freetoken.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(synth_tokenizer_dir())
     tok.set_chat_template(TEMPLATE.read_text())
@@ -116,7 +116,7 @@ def build_model(init: str, torch, arch: str = "moe"):
     if arch == "hybrid":
         return build_hybrid(init, torch)
     if init == "none":
-        from freetoken.demo import random_config
+        from freetoken.models.demo import random_config
         cfg = Qwen3MoeConfig(**{**random_config(**SHAPE), "router_aux_loss_coef": 0.01, "decoder_sparse_step": 1,
                                 "mlp_only_layers": []})
         cfg.output_router_logits = True

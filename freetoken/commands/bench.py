@@ -45,7 +45,7 @@ def register(sub) -> None:
 def expert_shape(model: str | None) -> dict:
     """{label, hidden, width, top_k, experts, format} of a model, read from its config only."""
     from freetoken.models.hf_config import model_config_from_dict, read_model_config
-    from freetoken.demo import resolve_model_dir
+    from freetoken.models.demo import resolve_model_dir
     if model and model.startswith("synth:"):
         from freetoken.models.synth import parse_spec
         _, shape, _ = parse_spec(model[len("synth:"):])

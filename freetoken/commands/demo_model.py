@@ -2,7 +2,7 @@
 directory."""
 from __future__ import annotations
 
-from freetoken.demo import BUILTIN
+from freetoken.models.demo import BUILTIN
 from freetoken.log import logger
 
 
@@ -20,7 +20,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from freetoken.demo import write_demo_model, write_random_model
+    from freetoken.models.demo import write_demo_model, write_random_model
     if args.synth:
         from freetoken.models.synth_export import export_synth
         logger.info("wrote synth:%s to %s", args.synth, export_synth(args.synth, args.dir, logger))

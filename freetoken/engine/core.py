@@ -14,7 +14,7 @@ from freetoken.engine import build
 from freetoken.engine.facts import after_loading, probe_gpu
 from freetoken.engine.plan import compute_backend, make_plan
 from freetoken.engine.plan_checks import check_config
-from freetoken.engine.request import InvalidRequest, Request, SamplingParams, Status
+from freetoken.engine.request import InvalidRequest, Request, SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
 from freetoken.log import logger

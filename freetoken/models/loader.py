@@ -32,12 +32,12 @@ def model_path(model: str | None, log) -> Path:
         from freetoken.models.synth import parse_spec
         parse_spec(model[len(SYNTH_PREFIX):])       # a bad spec fails here, before the server binds
         return Path(model)
-    from freetoken.demo import resolve_model_dir
+    from freetoken.models.demo import resolve_model_dir
     return resolve_model_dir(model, log)
 
 
 def load_model(model: str | None, log) -> LoadedModel:
-    from freetoken.demo import resolve_model_dir, synth_tokenizer_dir
+    from freetoken.models.demo import resolve_model_dir, synth_tokenizer_dir
     from freetoken.tokenizer import Tokenizer
     from freetoken.models.weights import load_weights
     t0 = time.perf_counter()

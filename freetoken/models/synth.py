@@ -66,7 +66,7 @@ class SynthShape:
     qk_scale: float = 2.0
 
     def hf_config(self) -> dict:
-        from freetoken.demo import random_config
+        from freetoken.models.demo import random_config
         shape = asdict(self)
         shape.pop("embed_scale")
         shape.pop("qk_scale")

@@ -15,7 +15,7 @@ from freetoken.engine.core import EngineCore
 
 @pytest.fixture(scope="module")
 def demo_tokenizer():
-    from freetoken.demo import packaged_demo_dir
+    from freetoken.models.demo import packaged_demo_dir
     from freetoken.tokenizer import Tokenizer
     return Tokenizer.from_dir(packaged_demo_dir())
 

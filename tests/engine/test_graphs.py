@@ -67,7 +67,7 @@ def demo():
 
     from freetoken.backend import get_ops
     from freetoken.models.hf_config import read_model_config
-    from freetoken.demo import packaged_demo_dir
+    from freetoken.models.demo import packaged_demo_dir
     from freetoken.engine.graphs import DecodeGraphs
     from freetoken.engine.kv_pool import KVPool
     from freetoken.models.qwen3_moe import Qwen3Moe

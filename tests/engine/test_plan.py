@@ -7,7 +7,7 @@ import json
 import pytest
 
 from freetoken.config import ConfigError, EngineConfig
-from freetoken.demo import packaged_demo_dir
+from freetoken.models.demo import packaged_demo_dir
 from freetoken.engine import plan_memory as pm
 from freetoken.engine.plan import CHECKPOINTS_PER_REQUEST, DeviceFacts, Resize, make_plan
 from freetoken.engine.plan_moe import step_need

@@ -4,7 +4,7 @@ through StagingHostDevice (moe_helpers), checked in CI against the runtime on th
 (which reads the host bank in place) and the fused backend."""
 import numpy as np
 import pytest
-from moe_helpers import (E, H, I, K, L, StagingHostDevice, engine, model_config, np_experts, planned,
+from moe_helpers import (E, H, I, L, StagingHostDevice, engine, model_config, np_experts, planned,
                          random_banks, run)
 from moe_helpers import workload as _workload
 

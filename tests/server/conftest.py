@@ -5,7 +5,7 @@ import pytest
 from fake_core import FakeCore
 from server_helpers import ServerProcess, ServerThread
 
-from freetoken.demo import packaged_demo_dir
+from freetoken.models.demo import packaged_demo_dir
 
 
 @pytest.fixture(scope="session")
@@ -13,7 +13,7 @@ def demo_tokenizer():
     """The demo vocabulary with the Qwen3-style template that renders every message and tool
     schema whole (the synth tokenizer): what the rendering tests of the fake cores check. The
     demo model's own compact agent template: tests/server/test_agent_template.py."""
-    from freetoken.demo import synth_tokenizer_dir
+    from freetoken.models.demo import synth_tokenizer_dir
     from freetoken.tokenizer import Tokenizer
     return Tokenizer.from_dir(synth_tokenizer_dir())
 

@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from freetoken.demo import packaged_demo_dir
+from freetoken.models.demo import packaged_demo_dir
 from freetoken.engine.async_engine import AsyncEngine
 from freetoken.server.config import ServerConfig
 

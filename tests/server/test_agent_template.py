@@ -5,7 +5,7 @@ directory, one line per tool, the request) and dropping the rest."""
 import json
 from pathlib import Path
 
-from freetoken.demo import packaged_demo_dir
+from freetoken.models.demo import packaged_demo_dir
 from freetoken.server.anthropic_messages import anthropic_conversation
 from freetoken.server.protocol import Body
 from freetoken.server.system_messages import place_system

@@ -9,7 +9,7 @@ import openai
 import pytest
 from server_helpers import ServerProcess
 
-from freetoken.demo import BUILTIN
+from freetoken.models.demo import BUILTIN
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a text file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}},

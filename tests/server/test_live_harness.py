@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from server_helpers import MODEL, ServerProcess
 
-from freetoken.demo import packaged_demo_dir
+from freetoken.models.demo import packaged_demo_dir
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 from fake_core import FakeCore
 from server_helpers import MODEL, ServerThread
 
-from freetoken.demo import packaged_demo_dir
+from freetoken.models.demo import packaged_demo_dir
 from freetoken.tokenizer import Tokenizer
 
 ORIGIN = "https://app.example"

@@ -91,7 +91,7 @@ def test_a_schema_that_does_not_compile_is_a_400(server):
 def test_grammar_after_a_thought_the_prompt_opened():
     """A prompt that leaves <think> open (Qwen3 thinking templates): the thought is free text up to
     </think>, then the blank line, then the JSON; without the close the JSON grammar alone."""
-    from freetoken.demo import packaged_demo_dir
+    from freetoken.models.demo import packaged_demo_dir
     from freetoken.grammar import Grammars, after_open_thought, json_grammar
     from freetoken.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(packaged_demo_dir())

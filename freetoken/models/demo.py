@@ -9,7 +9,7 @@ from pathlib import Path
 
 DEMO_NAME = "tiny-agent-moe"
 BUILTIN = {"demo": DEMO_NAME, "demo-hybrid": "tiny-agent-hybrid"}   # short --model names of the packaged models
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"      # freetoken/data
 
 
 def packaged_demo_dir() -> Path:
