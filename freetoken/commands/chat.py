@@ -4,7 +4,8 @@ The conversation is a list of messages rendered with the model's chat template e
 (LLM.chat_prompt). Ctrl-C while a reply streams stops that reply: the first press asks the reply
 to stop at its next piece of text (the stream generator is closed, so the engine aborts the
 request and frees its KV slots); a second press interrupts the engine step at once. Ctrl-C or
-Ctrl-D at the prompt leaves.
+Ctrl-D at the prompt leaves. Ctrl-C is always the chat's own: `run` takes SIGINT back from
+whatever state the process inherited (see own_ctrl_c).
 """
 from __future__ import annotations
 
@@ -29,6 +30,22 @@ def register(sub) -> None:
     add_sampling_flags(p, max_tokens=512, temperature=0.7, top_p=0.95)
     add_config_flags(p)      # includes --seed: the seed of the session's sequence of reply seeds
     p.set_defaults(run=run)
+
+
+def own_ctrl_c() -> None:
+    """Give SIGINT back to Python's KeyboardInterrupt and unblock it in this thread.
+
+    A process starts with the SIGINT disposition of its parent when that is "ignore" (exec keeps an
+    ignored signal ignored, and Python then leaves it so), and with the parent's blocked-signal
+    mask. Nobody has to mean it: `cmd &` in a shell without job control (a script, `bash -c`, a
+    tool that runs commands in the background) starts cmd with SIGINT ignored, and everything cmd
+    starts inherits that, e.g. a test run launched so and the chat it drives. Such a chat still
+    stopped replies (StopOnInterrupt installs its own handler) but was deaf to Ctrl-C at its
+    prompt, where input() relies on the default handler. The chat is interactive: its Ctrl-C
+    means what the module doc says, whoever started it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class StopOnInterrupt:
@@ -171,6 +188,7 @@ def repl(session: ChatSession) -> None:
 
 
 def run(args) -> int:
+    own_ctrl_c()             # first: Ctrl-C during a long first load ends it too (cli.main: exit 130)
     from freetoken.engine.llm import LLM
     from freetoken.engine.request import SamplingParams
     try:

@@ -86,7 +86,9 @@ def _run_harness(harness, program: str, url: str, args) -> int:
     for path, text in plan.files.items():
         Path(path).write_text(text)
     env = {**os.environ, **QUIET, **plan.env}
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)    # the harness handles Ctrl-C itself
+    # The harness handles Ctrl-C itself; launch only outlives it. A do-nothing handler, not SIG_IGN:
+    # an ignored signal stays ignored across exec, a caught one is reset to the default there.
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
     try:
         code = subprocess.call(argv, env=env)
     finally:

@@ -17,8 +17,9 @@ from server_helpers import MODEL, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = """#!{python}
-import json, os, sys, urllib.request
-record = {{"argv": sys.argv[1:], "env": dict(os.environ)}}
+import json, os, signal, sys, urllib.request
+record = {{"argv": sys.argv[1:], "env": dict(os.environ),
+          "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}}
 base = os.environ.get("ANTHROPIC_BASE_URL") or os.environ.get("OPENAI_API_BASE", "").removesuffix("/v1")
 for arg in sys.argv[1:]:
     if "base_url=" in arg:
@@ -67,6 +68,7 @@ def test_each_harness_is_pointed_at_a_running_server(server, fake, name):
     assert done.returncode == 3, done.stderr                  # the harness's exit code is launch's
     seen = json.loads(record.read_text())
     assert seen["health"] == "ok" and seen["argv"][-2:] == ["-p", "hello there"]
+    assert not seen["sigint_ignored"]        # an ignored SIGINT would survive exec: no Ctrl-C in the harness
     assert f"launch: {name} -> {server.url} (model {MODEL}, context 2048" in done.stderr
     env, argv = seen["env"], " ".join(seen["argv"])
     if name == "claude":
