@@ -6,9 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import pexpect
 import pytest
-
-pexpect = pytest.importorskip("pexpect")
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "you> "
