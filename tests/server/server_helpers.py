@@ -52,7 +52,10 @@ class ServerThread:
         return self
 
     def stop(self):
-        self.loop.call_soon_threadsafe(self.stop_event.set)
+        try:
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        except RuntimeError:        # it stopped by itself (a failed load does) and closed its loop
+            pass
         self._thread.join(30)
         assert not self._thread.is_alive()
 

@@ -8,6 +8,8 @@ import pytest
 from fake_core import FakeCore
 from server_helpers import MODEL, ServerThread, cache_status, wait_idle
 
+from freetoken.server.run import EXIT_FAILED
+
 
 def chat_body(text, **kw):
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], **kw}
@@ -36,6 +38,8 @@ def test_failed_load_is_reported():
     try:
         assert not server.engine.wait_ready(30)
         assert server.engine.state == "failed" and "weights are missing" in server.engine.error
+        server._thread.join(30)             # a failed load shuts the server down by itself
+        assert not server._thread.is_alive() and server.exit_code == EXIT_FAILED
     finally:
         server.stop()
 
