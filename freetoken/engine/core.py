@@ -167,7 +167,7 @@ class EngineCore:
         from freetoken.engine.rebuild import rebuilt
         kv = rebuilt(self, plan)
         old, self.plan = self.plan, plan
-        for d in set(plan.decisions) - set(old.decisions):     # what the resize decided anew
+        for d in [d for d in plan.decisions if d not in old.decisions]:    # what the resize decided anew
             logger.info("plan: %s %s (%s)", d.name, d.value, d.why)
         if kv is not None:
             if self.checkpoints is not None:
