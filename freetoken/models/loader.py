@@ -1,4 +1,5 @@
-"""Where a model comes from: a Hugging Face directory, the packaged demo model, or ``synth:NAME``.
+"""Where a model comes from: a Hugging Face directory, a GGUF file, the packaged demo model, or
+``synth:NAME``.
 
 Returns everything the engine needs to build the model, so core.py never branches on the source.
 """
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freetoken.config import ModelConfig
+from freetoken.models.gguf_file import is_gguf
 from freetoken.models.hf_config import read_model_config
 
 SYNTH_PREFIX = "synth:"
@@ -32,6 +34,13 @@ def model_path(model: str | None, log) -> Path:
         from freetoken.models.synth import parse_spec
         parse_spec(model[len(SYNTH_PREFIX):])       # a bad spec fails here, before the server binds
         return Path(model)
+    if model and is_gguf(model):
+        from freetoken.models.gguf_file import split_parts
+        path = Path(model).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        split_parts(path)                           # a split set with a part missing fails here too
+        return path
     from freetoken.models.demo import resolve_model_dir
     return resolve_model_dir(model, log)
 
@@ -46,6 +55,8 @@ def load_model(model: str | None, log) -> LoadedModel:
         cfg, weights = synth_model(model[len(SYNTH_PREFIX):], log)
         tokenizer = Tokenizer.from_dir(synth_tokenizer_dir())
         loaded = LoadedModel(model, None, cfg, weights, tokenizer)
+    elif model and is_gguf(model):
+        loaded = _load_gguf(Path(model).expanduser(), log)
     else:
         path = resolve_model_dir(model, log)
         cfg = read_model_config(path)
@@ -54,3 +65,13 @@ def load_model(model: str | None, log) -> LoadedModel:
     log.info("loaded %s (%d layers, %d experts, top-%d) in %.2f s", loaded.name, cfg.num_layers,
              cfg.num_experts, cfg.num_experts_per_tok, time.perf_counter() - t0)
     return loaded
+
+
+def _load_gguf(path: Path, log) -> LoadedModel:
+    """A GGUF file (or the first part of a split set): config, weights and tokenizer from the file."""
+    from freetoken.models.gguf_file import open_gguf
+    from freetoken.models.gguf_tokenizer import gguf_tokenizer
+    from freetoken.models.gguf_weights import gguf_config, gguf_weights
+    model = open_gguf(path)
+    cfg = gguf_config(model)
+    return LoadedModel(path.name, path, cfg, gguf_weights(model, cfg, log), gguf_tokenizer(model))

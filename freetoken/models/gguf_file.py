@@ -1,0 +1,119 @@
+"""A GGUF file (llama.cpp's format), read with gguf-py (llama.cpp's own reader: numpy-only, memory
+mapped): a split set given by its first part, the metadata as plain values, the tensors by name,
+and every failure as one GGUFError naming the file and what is wrong.
+
+Types FreeToken reads are SUPPORTED_TYPES (everything Q4_K_M, Q5_K_M, Q6_K, Q8_0 and the `UD-*`
+mixes hold); any other type is one error naming the tensor, its type and the supported list.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from freetoken.config import ConfigError
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+SPLIT = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class GGUFError(ConfigError):
+    """A GGUF file FreeToken cannot read; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    type_name: str            # GGMLQuantizationType name, e.g. "Q4_K"
+    shape: tuple[int, ...]    # numpy order (rows last-varying): the reverse of GGUF's ne
+    data: object              # the raw blocks or values, a view of the memory map
+    file: Path
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """Every part of one GGUF model: its metadata and its tensors."""
+
+    paths: tuple[Path, ...]
+    metadata: dict
+    tensors: dict[str, GGUFTensor]
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def key(self, name: str, default=None):
+        """A key of this architecture: key("block_count") is "<arch>.block_count"."""
+        return self.metadata.get(f"{self.architecture}.{name}", default)
+
+
+def is_gguf(path: str | Path) -> bool:
+    return str(path).endswith(".gguf")
+
+
+def split_parts(path: Path) -> tuple[Path, ...]:
+    """The parts of a split set given by its first part (NAME-00001-of-0000N.gguf), else (path,)."""
+    m = SPLIT.match(path.name)
+    if m is None:
+        return (path,)
+    count = int(m["count"])
+    if int(m["part"]) != 1:
+        raise GGUFError(f"{path}: give the first part of a split set ({m['stem']}-00001-of-{m['count']}.gguf)")
+    parts = tuple(path.with_name(f"{m['stem']}-{i:05d}-of-{m['count']}.gguf") for i in range(1, count + 1))
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise GGUFError(f"{path}: the split set has {count} parts; missing: {', '.join(missing)}")
+    return parts
+
+
+def open_gguf(path: str | Path) -> GGUFModel:
+    """Read the metadata and tensor index of a GGUF model (every part of a split set)."""
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such file")
+    metadata, tensors = {}, {}
+    parts = split_parts(path)
+    for part in parts:
+        reader = _reader(part)
+        if part == parts[0]:
+            metadata = {name: _value(field) for name, field in reader.fields.items()
+                        if not name.startswith("GGUF.")}
+        for t in reader.tensors:
+            tensors[t.name] = _tensor(t, part)
+    return GGUFModel(parts, metadata, tensors)
+
+
+def _reader(path: Path):
+    from gguf import GGUFReader           # imported on use: it costs ~0.15 s
+    try:
+        return GGUFReader(path, "r")
+    except (ValueError, OSError, IndexError, KeyError) as e:
+        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def _tensor(t, path: Path) -> GGUFTensor:
+    from gguf import GGMLQuantizationType
+    try:
+        type_name = GGMLQuantizationType(int(t.tensor_type)).name
+    except ValueError:
+        type_name = f"type {int(t.tensor_type)}"
+    if type_name not in SUPPORTED_TYPES:
+        raise GGUFError(f"{path}: tensor {t.name} is {type_name}; FreeToken reads {', '.join(SUPPORTED_TYPES)}")
+    shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+    return GGUFTensor(t.name, type_name, shape, t.data, path)
+
+
+def _value(field):
+    """A metadata field as a Python value: str, int, float, bool, or a list of them."""
+    from gguf import GGUFValueType
+    kinds = field.types
+    if not kinds:
+        return None
+    if kinds[0] == GGUFValueType.ARRAY:
+        if len(kinds) > 1 and kinds[1] == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    if kinds[0] == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    return field.parts[field.data[0]].tolist()[0]

@@ -1,0 +1,199 @@
+"""GGUF files as llama.cpp's converter writes them (tests/fixtures/gguf/, made by
+tests/fixtures/make_gguf_fixtures.py from the qwen3moe_norm HF fixture): config, tokenizer and
+weights from the file, parity with transformers, every MoE backend, and one clear error per bad file.
+
+Tolerances as tests/models/test_hf_parity.py. F32 (the HF fixture's fp32 weights) and Q8_0 (widened
+at load to fp32, exactly as gguf-py dequantizes; against transformers on the same file, which does
+the same): logits to 2e-4, greedy tokens exact. BF16: logits to 0.5 against transformers' bf16
+compute, the argmax wherever transformers' own top-2 margin exceeds 1.0.
+"""
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_hf_parity import teacher_forced_logits
+
+from freetoken import LLM, SamplingParams
+from freetoken.config import ConfigError
+from freetoken.models.gguf_file import GGUFError, open_gguf
+from freetoken.models.gguf_tokenizer import gguf_tokenizer
+from freetoken.models.gguf_weights import gguf_config, gguf_weights
+from freetoken.models.hf_config import read_model_config
+from freetoken.models.weights import load_weights
+from freetoken.tokenizer import Tokenizer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GGUF, HF = FIXTURES / "gguf", FIXTURES / "hf" / "qwen3moe_norm"
+
+
+def gguf(kind: str) -> Path:
+    return GGUF / f"qwen3moe_norm-{kind}.gguf"
+
+
+def logits_of(path: Path, exp, backend: str, **options):
+    llm = LLM(str(path), backend=backend, moe_backend="fused", **options)
+    ids = np.concatenate([exp["prompt_ids"], exp["greedy_ids"][:-1]])
+    return llm, teacher_forced_logits(llm, ids)
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("kind, expected", [("f32", HF / "fp32" / "expected.npz"),
+                                             ("q8_0", GGUF / "qwen3moe_norm-q8_0.expected.npz")])
+def test_f32_and_q8_0_files_match_transformers(kind, expected, backend):
+    exp = np.load(expected)
+    llm, logits = logits_of(gguf(kind), exp, backend)
+    P = len(exp["prompt_ids"])
+    if "prefill_logits" in exp:
+        np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
+    np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
+    out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+    assert out.token_ids == exp["greedy_ids"].tolist()
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_bf16_file_matches_transformers(backend):
+    exp = np.load(HF / "bf16" / "expected.npz")
+    _, logits = logits_of(gguf("bf16"), exp, backend)
+    logits = logits[len(exp["prompt_ids"]) - 1:]
+    np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
+    sure = exp["step_top2_margin"] > 1.0
+    assert sure.sum() >= 4 and (logits.argmax(1)[sure] == exp["step_logits"].argmax(1)[sure]).all()
+
+
+def test_config_and_weights_are_the_checkpoints():
+    """The BF16 file holds the HF bf16 fixture's weights: the same config and the same arrays."""
+    model = open_gguf(gguf("bf16"))
+    cfg, want_cfg = gguf_config(model), read_model_config(HF / "bf16")
+    assert cfg == want_cfg
+    got, want = gguf_weights(model, cfg), load_weights(HF / "bf16", want_cfg)
+    assert np.array_equal(got.embed, want.embed) and np.array_equal(got.lm_head, want.lm_head)
+    for a, b in zip(got.layers, want.layers):
+        for name in ("input_norm", "post_norm", "qkv", "o_proj", "q_norm", "k_norm", "router", "gate_up", "down"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype == np.uint16 and np.array_equal(x, y), name
+
+
+def test_q8_0_weights_are_gguf_py_dequantized_in_fp32():
+    from gguf import GGMLQuantizationType, quants
+    model = open_gguf(gguf("q8_0"))
+    t = model.tensors["blk.0.ffn_gate_exps.weight"]
+    assert t.type_name == "Q8_0"
+    w = gguf_weights(model, gguf_config(model))
+    gate = quants.dequantize(t.data, GGMLQuantizationType.Q8_0)
+    I = gate.shape[1]
+    assert w.layers[0].gate_up.dtype == np.float32 and np.array_equal(w.layers[0].gate_up[:, :I], gate)
+
+
+def test_the_tokenizer_and_template_are_the_checkpoints():
+    got, want = gguf_tokenizer(open_gguf(gguf("q8_0"))), Tokenizer.from_dir(HF / "fp32")
+    for text in ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n", "Hëllo, wörld! 你好 🙂\t\n\n  x",
+                 "<|im_start|>user\nhi<think>ok</think><|im_end|>", "   leading spaces", "it's we'll I'M"]:
+        ids = want.encode(text)
+        assert got.encode(text) == ids
+        assert got.decode(ids, skip_special_tokens=False) == want.decode(ids, skip_special_tokens=False)
+    messages = [{"role": "user", "content": "Write Python code."}]
+    assert got.apply_chat_template(messages) == want.apply_chat_template(messages)
+    assert got.eos_token == want.eos_token and 2 in got.stop_token_ids
+
+
+@pytest.mark.parametrize("moe", [dict(moe_backend="fused"), dict(moe_backend="cpu"),
+                                 dict(moe_backend="offload", moe_cache_rate=0.5),
+                                 dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3)],
+                         ids=lambda o: o["moe_backend"])
+def test_every_moe_backend_gives_the_same_tokens(moe):
+    exp = np.load(GGUF / "qwen3moe_norm-q8_0.expected.npz")
+    prompt = exp["prompt_ids"].tolist()
+    want = LLM(str(gguf("q8_0")), backend="cpu", moe_backend="fused").generate(
+        [prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
+    got = LLM(str(gguf("q8_0")), backend="cpu", **moe).generate(
+        [prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
+    assert got == want
+
+
+# --- bad files: one error each, naming the file and what is wrong --------------------------------
+
+def _write(path: Path, arch: str = "qwen3moe", tensor_type=None) -> Path:
+    import gguf as g
+    w = g.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    if tensor_type is None:
+        w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    else:
+        w.add_tensor("token_embd.weight", np.zeros((4, 18), np.uint8), raw_dtype=tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_bad_files_are_one_clear_error(tmp_path):
+    import gguf as g
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"NOTGGUF" + bytes(100))
+    cases = {junk: "not a readable GGUF file", tmp_path / "absent.gguf": "no such file"}
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(gguf("q8_0").read_bytes()[:50000])
+    cases[truncated] = "not a readable GGUF file"
+    cases[_write(tmp_path / "iq.gguf", tensor_type=g.GGMLQuantizationType.IQ4_NL)] = \
+        "tensor token_embd.weight is IQ4_NL; FreeToken reads F32, F16, BF16, Q8_0"
+    for path, message in cases.items():
+        with pytest.raises(GGUFError, match=message) as e:
+            open_gguf(path)
+        assert str(path) in str(e.value)
+    llama = open_gguf(_write(tmp_path / "llama.gguf", arch="llama"))
+    with pytest.raises(GGUFError, match="architecture 'llama'; FreeToken reads GGUF qwen3moe"):
+        gguf_config(llama)
+
+
+def test_a_split_set_missing_a_part_is_named(tmp_path):
+    first = tmp_path / "m-00001-of-00003.gguf"
+    shutil.copyfile(gguf("q8_0"), first)
+    shutil.copyfile(gguf("q8_0"), tmp_path / "m-00002-of-00003.gguf")
+    with pytest.raises(GGUFError, match="3 parts; missing: m-00003-of-00003.gguf"):
+        open_gguf(first)
+    with pytest.raises(GGUFError, match="give the first part"):
+        open_gguf(tmp_path / "m-00002-of-00003.gguf")
+    assert issubclass(GGUFError, ConfigError)
+
+
+def test_generate_and_serve_a_gguf_file():
+    """The user's path: the CLI and the HTTP API through the OpenAI SDK."""
+    import subprocess
+    import sys
+
+    import openai
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from server_helpers import ServerProcess
+    r = subprocess.run([sys.executable, "-m", "freetoken", "generate", "--model", str(gguf("q8_0")),
+                        "--backend", "cpu", "--prompt", "import os", "--max-tokens", "4", "--ignore-eos"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "generated tokens 4" in r.stderr, r.stderr[-2000:]
+    assert "GGUF Q8_0 tensors widened to f32 at load" in r.stderr, r.stderr[-2000:]
+    server = ServerProcess("--model", str(gguf("q8_0")), "--backend", "cpu")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        (card,) = client.models.list().data
+        assert card.id == "qwen3moe_norm-q8_0.gguf"
+        answer = client.chat.completions.create(model=card.id, max_tokens=4, temperature=0,
+                                                messages=[{"role": "user", "content": "hi"}])
+        assert answer.usage.completion_tokens == 4 and answer.choices[0].finish_reason == "length"
+    finally:
+        server.stop()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("moe", [dict(moe_backend="fused"), dict(moe_backend="hybrid", moe_cache_rate=0.5,
+                                                                  moe_fetch_fraction=0.3)],
+                         ids=lambda o: o["moe_backend"])
+def test_the_cuda_backend_gives_the_cpu_tokens(moe):
+    """A Q8_0 file on the cuda backend (a real GPU, or the emulated device in CI): transformers'
+    greedy tokens, as on the CPU."""
+    exp = np.load(GGUF / "qwen3moe_norm-q8_0.expected.npz")
+    llm = LLM(str(gguf("q8_0")), backend="cuda", **moe)
+    try:
+        out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+        assert out.token_ids == exp["greedy_ids"].tolist()
+    finally:
+        llm.core.close()
