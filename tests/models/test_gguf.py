@@ -37,12 +37,20 @@ def logits_of(path: Path, exp, backend: str, **options):
     return llm, teacher_forced_logits(llm, ids)
 
 
+EXACT = {"f32": (gguf("f32"), HF / "fp32" / "expected.npz"),
+         "q8_0": (gguf("q8_0"), GGUF / "qwen3moe_norm-q8_0.expected.npz"),
+         "q4_k_m": (GGUF / "qwen3moe_256-q4_k_m.gguf", GGUF / "qwen3moe_256-q4_k_m.expected.npz"),
+         "q6_k": (GGUF / "qwen3moe_256-q6_k.gguf", GGUF / "qwen3moe_256-q6_k.expected.npz")}
+
+
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
-@pytest.mark.parametrize("kind, expected", [("f32", HF / "fp32" / "expected.npz"),
-                                             ("q8_0", GGUF / "qwen3moe_norm-q8_0.expected.npz")])
-def test_f32_and_q8_0_files_match_transformers(kind, expected, backend):
+@pytest.mark.parametrize("kind", EXACT)
+def test_f32_and_quantized_files_match_transformers(kind, backend):
+    """F32, Q8_0 and llama-quantize's Q4_K_M and Q6_K (rows of 256) against transformers on the
+    same file: both dequantize with gguf-py and compute in fp32."""
+    path, expected = EXACT[kind]
     exp = np.load(expected)
-    llm, logits = logits_of(gguf(kind), exp, backend)
+    llm, logits = logits_of(path, exp, backend)
     P = len(exp["prompt_ids"])
     if "prefill_logits" in exp:
         np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
