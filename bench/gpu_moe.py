@@ -112,7 +112,7 @@ def main() -> int:
     configs = [(r, "offload", {}) for r in rates] + [(r, "hybrid", {"moe_fetch_fraction": phi}) for r in rates]
     configs.append((None, "cpu", {}))
     for rate, backend, extra in configs:
-        swap_moe(llm, moe_backend=backend, moe_cache_rate=rate or 0.0, **extra)
+        swap_moe(llm, moe_backend=backend, moe_cache_rate=rate, **extra)   # None: the cpu row
         for batch in (1, 4):
             rows.append({"rate": rate, "backend": backend, **decode_row(llm, batch, args.tokens, rng)})
             print(_fmt(rows[-1]), flush=True)

@@ -35,6 +35,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]                     # run from a ch
 
 import split_model                                               # noqa: E402
 from _machine import cpu_info                                    # noqa: E402
+from freetoken.engine.plan_moe import rate_slots, step_need     # noqa: E402
 from freetoken.moe.residency import SlotCache                    # noqa: E402
 from freetoken.moe.split import FetchPolicy, fetch_count, frac_q16   # noqa: E402
 from freetoken.moe.trace import load_trace, shared_consecutive, synthetic_trace  # noqa: E402
@@ -48,8 +49,10 @@ QWEN3 = dict(name="qwen3-30b-a3b", layers=48, experts=128, top_k=8)
 MACHINES = [(f"reference #{i + 1}", round(bp / bh, 3)) for i, (bp, bh) in enumerate(split_model.TABLE1)]
 
 
-def slots_for(rate, L, E, k):  # as freetoken.moe.options.cache_slots for one running request
-    return min(L * E, max(math.ceil(round(rate * L * E, 9)), k))
+def slots_for(rate, L, E, k):
+    """--moe-cache-rate as slots, at least one decode step's k experts for one running request
+    (the least offload runs on)."""
+    return min(L * E, max(rate_slots(rate, L * E), step_need(E, k, 1)))
 
 
 def replay_mq(steps, L, E, S, policy, start):

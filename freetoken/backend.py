@@ -70,20 +70,6 @@ def visible_device() -> str:
     return "a CUDA device is visible"
 
 
-def resolve_backend(name: str) -> tuple[str, str]:
-    """'auto' -> ('cuda' or 'cpu', reason); an explicit name is checked and returned."""
-    if name == "auto":
-        reason = cuda_unavailable_reason()
-        return ("cpu", f"no GPU: {reason}") if reason else ("cuda", visible_device())
-    if name not in BACKENDS:
-        raise BackendError(f"unknown backend {name!r}; expected auto | {' | '.join(BACKENDS)}")
-    if name == "cuda":
-        reason = cuda_unavailable_reason()
-        if reason:
-            raise BackendError(f"backend 'cuda' requested but {reason}")
-    return name, "requested"
-
-
 # Result allocation of each op when the caller passes no `out` (eager CUDA calls). `gpu` wrappers
 # never allocate, so that captured graphs see fixed addresses; callers that capture pass `out`.
 _RESULTS = {
@@ -132,8 +118,10 @@ def get_ops(name: str) -> Ops:
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; expected {' | '.join(BACKENDS)}")
     modules = {op: importlib.import_module(f"freetoken.kernels.{op}") for op in OP_NAMES}
-    if name == "cuda":
-        resolve_backend("cuda")
+    if name == "cuda":         # the engine's plan chose it already; a direct caller gets the reason
+        reason = cuda_unavailable_reason()
+        if reason:
+            raise BackendError(f"backend 'cuda' requested but {reason}")
         xp = load_cupy()
         return Ops(name=name, xp=xp, **{op: _eager(op, m.gpu, xp) for op, m in modules.items()})
     import numpy as xp

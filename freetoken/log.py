@@ -24,7 +24,7 @@ class Log:
     def __init__(self, sink=None):
         if isinstance(sink, Log):
             sink = sink._sink
-        self._sink = sink if sink is not None else logging.getLogger("freetoken.moe")
+        self._sink = sink if sink is not None else logging.getLogger("freetoken")
 
     def info(self, msg: str) -> None:
         if hasattr(self._sink, "info"):

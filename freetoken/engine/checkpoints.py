@@ -1,4 +1,4 @@
-"""Recurrent-state checkpoints of a hybrid model, each linked to the radix-tree node whose end is
+"""Recurrent-state checkpoints of a GDN model, each linked to the radix-tree node whose end is
 the token position it was taken at, so a later request can resume from the deepest cached prefix
 that has both its KV and its state.
 

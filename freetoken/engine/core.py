@@ -40,23 +40,24 @@ class EngineCore:
         from freetoken.backend import get_ops
         from freetoken.models.loader import load_model
         self.config = config
+        check_config(config)                      # a bad flag fails before CuPy or the model loads
         facts = probe_gpu(config)
-        check_config(config)                      # a bad flag fails before the model loads
-        compute = compute_backend(config.backend, facts)
+        compute_backend(config.backend, facts)    # so does --backend cuda without a GPU
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
         self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
         self._grammars = self._start_grammars()    # on a thread, overlapping the rest of start-up
-        self.facts = after_loading(facts, loaded.weights, cfg.moe_layers, compute.value)
+        self.facts = after_loading(facts, loaded.weights, cfg.moe_layers)
         self.plan = make_plan(cfg, config, self.facts)
         self.max_model_len = self.plan.context_len      # a resize never changes it
         self.ops = get_ops(self.plan.compute)
         self.weights = build.place_weights(self.ops, self.weights)
-        self.moe = self._make_moe()                # plans again if pinning the host pool failed; logs the plan
+        self.moe = self._make_moe()                # plans again if pinning the host pool failed
+        _log_plan(self.plan)
         self.states = build.make_states(cfg, self.plan, self.ops.xp)
         self.checkpoints, self._anchors = build.checkpoint_pool(self.plan, config, self.ops, self.tokenizer)
-        self._assemble(build.make_kv_pool(cfg, self.plan, self.ops.xp))
+        self._assemble(build.make_kv_pool(cfg, self.plan, self.ops.xp), self.moe)
         self._streams: dict[str, TextStream] = {}
         self._seeds = np.random.default_rng(config.seed)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids)
@@ -65,10 +66,10 @@ class EngineCore:
         if self._grammars is not None:      # built before serving: the build holds the GIL
             self._grammars.join()
 
-    def _assemble(self, kv) -> None:
-        """What holds the KV pool, built together (again after a KV resize): the model, the prefix
-        cache, the scheduler with its recurrent-state seam, the forward."""
-        moe = self.model.moe if getattr(self, "model", None) is not None else self.moe   # keeps a recorder
+    def _assemble(self, kv, moe) -> None:
+        """What holds the KV pool, built together (again after a KV resize): the model (over `moe`,
+        the runtime or a routing recorder around it), the prefix cache, the scheduler with its
+        recurrent-state seam, the forward."""
         self.kv = kv
         self.model = build.make_model(self.model_config, self.weights, self.ops, moe, kv, self.states)
         self.prefix_cache = build.prefix_cache(self.plan, self.checkpoints)
@@ -108,8 +109,7 @@ class EngineCore:
             return contextlib.nullcontext()
         from freetoken.kernels.compile_watch import watch_compiles
         kind = "gdn" if self.model_config.has_gdn else "moe"
-        dtype = "bf16" if self.weights.embed.dtype == np.uint16 else "f32"
-        return watch_compiles(logger, f"{kind}/{dtype}")
+        return watch_compiles(logger, f"{kind}/{self.facts.weights_dtype}")
 
     def _start_grammars(self):
         """grammar.Grammars with its llguidance tokenizer building in the background (it logs
@@ -132,11 +132,11 @@ class EngineCore:
         cfg = self.model_config
         banks = [(self.weights.layers[i].gate_up, self.weights.layers[i].down) for i in cfg.moe_layers]
         dev = device_for(self.ops.name)
-        self.host_pool = host_pool_for(cfg, banks, self.plan.moe, dev, logger)   # rebuilds reuse it
+        pool = getattr(self, "host_pool", None) or banks      # pinned once; later runtimes reuse it
+        self.host_pool = host_pool_for(cfg, pool, self.plan.moe, dev, logger)
         if self.plan.moe.backend in CACHED and dev.needs_pinning and not self.host_pool.pinned:
             self.facts = replace(self.facts, host_pinned=False)
             self.plan = make_plan(cfg, self.config, self.facts)
-        _log_plan(self.plan)
         return build_moe(cfg, self.host_pool, self.plan.moe, self.ops.experts, logger, dev=dev)
 
     def record_routing(self) -> None:
@@ -172,7 +172,7 @@ class EngineCore:
         if kv is not None:
             if self.checkpoints is not None:
                 self.checkpoints.clear()          # they hang from the old tree's nodes
-            self._assemble(kv)
+            self._assemble(kv, self.model.moe)
         logger.info("cache rebuilt: expert cache %d slots, KV pool %d tokens", plan.moe.slots, self.kv.num_slots)
         return self.cache_status()
 

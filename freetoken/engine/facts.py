@@ -22,13 +22,14 @@ def probe_gpu(config) -> DeviceFacts:
     return DeviceFacts(gpu_missing=missing, gpu_name="" if missing else visible_device())
 
 
-def after_loading(facts: DeviceFacts, weights, moe_layers: tuple, compute: str) -> DeviceFacts:
+def after_loading(facts: DeviceFacts, weights, moe_layers: tuple) -> DeviceFacts:
     """The facts the plan needs once the weights are in host memory: their format, the host
-    memory left, and on a GPU its free memory and this GPU's bandwidth profile for the format."""
+    memory left, and on a GPU (the compute backend whenever one was probed and found) its free
+    memory and this GPU's bandwidth profile for the format."""
     from freetoken.env import available_memory_bytes
     fmt = "bf16" if weights.embed.dtype == np.uint16 else "f32"
     facts = replace(facts, weights_dtype=fmt, host_available_bytes=available_memory_bytes())
-    if compute != "cuda":
+    if facts.gpu_missing is not None:
         return facts
     from freetoken.cupy_loader import cupy as load_cupy
     from freetoken.moe.device import gpu_identity

@@ -6,18 +6,17 @@ make_plan settles, in order: the compute backend, the context length, the KV dty
 split (plan_memory.py), the KV pool, the MoE backend, expert slots and fetch policy (plan_moe.py),
 CUDA graphs, the prefix cache and a GDN model's state checkpoints. Each decision carries the
 sentence that explains it; start-up logs the plan as one summary and /v1/cache/status returns it.
-An elastic resize is make_plan again with a Resize, then EngineCore.rebuild(plan).
+An elastic resize is the previous plan with new sizes (plan_resize.py), then EngineCore.rebuild(plan).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
 from freetoken.engine.plan_checks import check_config
-from freetoken.engine.plan_memory import (GB, GpuMemory, expert_bytes, host_kv_tokens, kv_bytes_per_token,
-                                          split_gpu_memory)
+from freetoken.engine.plan_memory import GB, GpuMemory, host_kv_tokens, kv_bytes_per_token, split_gpu_memory
 from freetoken.engine.plan_moe import Decision, MoEAsk, plan_moe
-from freetoken.moe.runtime import CACHED, MoEPlan
+from freetoken.moe.runtime import CACHED, MoEPlan, prefill_stream_slots
 
 CHECKPOINTS_PER_REQUEST = 32   # default host budget per running request (bench/agent_edits.py --budgets)
 HOST_SHARE = 0.125             # the default takes at most this share of the host memory available
@@ -34,14 +33,6 @@ class DeviceFacts:
     weights_dtype: str = "bf16"           # "bf16" | "f32": the loaded weights' (and experts') format
     profile: object = None                # moe/profile.Profile of this GPU and format, or None
     host_pinned: bool = True              # False once pinning the host expert pool failed
-
-
-@dataclass(frozen=True)
-class Resize:
-    """An elastic resize: new expert-cache slots and/or KV tokens; everything else as before."""
-
-    expert_slots: int | None = None
-    kv_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,31 +71,30 @@ class Plan:
                               for d in self.decisions]}
 
 
-def make_plan(model: ModelConfig, config: EngineConfig, facts: DeviceFacts, resize: Resize | None = None,
-              previous: Plan | None = None) -> Plan:
-    """The plan; raises ConfigError naming the flag (or the resize field) that cannot be met."""
+def make_plan(model: ModelConfig, config: EngineConfig, facts: DeviceFacts) -> Plan:
+    """The plan; raises ConfigError naming the flag that cannot be met."""
     check_config(config)
     compute = compute_backend(config.backend, facts)
     context = _context(model, config)
     kv_dtype = _kv_dtype(config, facts)
-    itemsize, weight_size = (4 if kv_dtype.value == "float32" else 2), (2 if facts.weights_dtype == "bf16" else 4)
-    kv_asked = _kv_asked(config, resize, previous)
+    itemsize, weight_size = kv_itemsize(kv_dtype.value), weight_itemsize(facts)
     memory = None
     if compute.value == "cuda":
         memory, kv_why = split_gpu_memory(model, config, facts.free_device_bytes, weight_size, itemsize,
-                                          int(context.value), kv_asked)
+                                          int(context.value), config.num_kv_tokens)
         kv_tokens = memory.kv_tokens
     else:
-        kv_tokens, kv_why = host_kv_tokens(kv_asked, config.max_running_requests, int(context.value),
+        kv_tokens, kv_why = host_kv_tokens(config.num_kv_tokens, config.max_running_requests, int(context.value),
                                            kv_bytes_per_token(model, itemsize))
     kv = Decision("kv pool", f"{kv_tokens} tokens", kv_why)
-    moe, moe_decisions = _moe(model, config, facts, compute.value == "cuda", memory, resize, previous)
-    spare = _device_spare(model, memory, moe, weight_size)
+    ask = MoEAsk(config.moe_backend, config.moe_cache_size, config.moe_cache_rate)
+    fit = memory.fit_slots if memory is not None else None
+    moe, moe_decisions = plan_moe(model, config, ask, compute.value == "cuda", fit, facts.profile, facts.host_pinned)
+    spare = 0 if memory is None else max(memory.expert_room_bytes - slots_on_gpu(memory, moe, model) * memory.one_expert_bytes, 0)
     graphs = _graphs(compute.value, moe.backend, model, config)
     host, device, ckpt = _checkpoints(model, config, facts, compute.value, spare)
     prefix = _prefix_cache(model, config, host + device)
-    split = [Decision("gpu memory", describe_memory(memory, _slots_on_gpu(memory, moe)),
-                      f"the budget is {memory.capped_by}")] if memory is not None else []
+    split = [memory_decision(memory, slots_on_gpu(memory, moe, model))] if memory is not None else []
     decisions = (compute, context, kv_dtype, kv, *moe_decisions, *split, _threads(config), graphs, *ckpt, prefix)
     return Plan(compute.value, int(context.value), kv_tokens, kv_dtype.value, moe, graphs.value == "on",
                 prefix.value == "on", host, device, config.max_running_requests if model.has_gdn else 0, memory,
@@ -142,39 +132,23 @@ def _kv_dtype(config: EngineConfig, facts: DeviceFacts) -> Decision:
     return Decision("kv dtype", kind, f"auto: the weights are {facts.weights_dtype}")
 
 
-def _kv_asked(config: EngineConfig, resize: Resize | None, previous: Plan | None) -> int | None:
-    if resize is None:
-        return config.num_kv_tokens
-    if resize.kv_tokens is not None:
-        if resize.kv_tokens < 2:
-            raise ConfigError(f"num_kv_tokens must be >= 2, got {resize.kv_tokens}")
-        return resize.kv_tokens
-    return previous.kv_tokens
+def kv_itemsize(kv_dtype: str) -> int:
+    return 4 if kv_dtype == "float32" else 2
 
 
-def _moe(model, config, facts, gpu, memory, resize, previous) -> tuple[MoEPlan, list[Decision]]:
-    fit = memory.fit_slots if memory is not None else None
-    if resize is None:
-        ask = MoEAsk(config.moe_backend, config.moe_cache_size, config.moe_cache_rate)
-        return plan_moe(model, config, ask, gpu, fit, facts.profile, facts.host_pinned)
-    backend, slots = previous.moe.backend, resize.expert_slots
-    if slots is not None and backend not in CACHED:
-        raise ConfigError(f"moe_cache_size: the {backend} MoE backend has no expert cache to resize")
-    if slots is not None and slots < 1:
-        raise ConfigError(f"moe_cache_size must be >= 1, got {slots}")
-    ask = MoEAsk(backend, slots if slots is not None else previous.moe.slots or None, None, resize=True)
-    moe, decisions = plan_moe(model, config, ask, gpu, fit, facts.profile)
-    return replace(moe, policy=previous.moe.policy), decisions[:2]
+def weight_itemsize(facts: DeviceFacts) -> int:
+    """Bytes per stored weight in memory: bf16 stays 2; everything else is widened to fp32."""
+    return 2 if facts.weights_dtype == "bf16" else 4
 
 
-def _device_spare(model: ModelConfig, memory: GpuMemory | None, moe: MoEPlan, weight_size: int) -> int:
-    """GPU bytes the expert cache leaves (the cpu backend borrows E or 2E slots to stream prefill)."""
-    if memory is None:
-        return 0
-    per, E = expert_bytes(model, weight_size), model.num_experts
-    used = {"fused": memory.total_experts, "cpu": (1 if moe.disable_prefill_overlap else 2) * E}.get(
-        moe.backend, moe.slots)
-    return max(memory.expert_room_bytes - used * per, 0)
+def slots_on_gpu(memory: GpuMemory, moe: MoEPlan, model: ModelConfig) -> int:
+    """Expert slots the MoE runtime holds on the GPU: every expert (fused), the cache (offload,
+    hybrid), or the slots the cpu backend borrows to stream prefill."""
+    if moe.backend == "fused":
+        return memory.total_experts
+    if moe.backend in CACHED:
+        return moe.slots
+    return prefill_stream_slots(model.num_experts, moe.disable_prefill_overlap)
 
 
 def _graphs(compute: str, moe_backend: str, model: ModelConfig, config: EngineConfig) -> Decision:
@@ -236,8 +210,8 @@ def _prefix_cache(model: ModelConfig, config: EngineConfig, checkpoint_bytes: in
         ", resumed at state checkpoints" if model.has_gdn else ""))
 
 
-def _slots_on_gpu(memory: GpuMemory, moe: MoEPlan) -> int:
-    return memory.total_experts if moe.backend == "fused" else moe.slots if moe.backend in CACHED else 0
+def memory_decision(memory: GpuMemory, slots: int) -> Decision:
+    return Decision("gpu memory", describe_memory(memory, slots), f"the budget is {memory.capped_by}")
 
 
 def describe_memory(memory: GpuMemory, slots: int) -> str:

@@ -10,20 +10,20 @@ from dataclasses import fields
 
 from freetoken.config import ConfigError, EngineConfig
 
-# field -> (lowest allowed, highest allowed or None); None values (auto) are not checked
+# field -> the lowest value allowed; None values (auto) are not checked
 BOUNDS = {
-    "max_running_requests": (1, None),
-    "num_kv_tokens": (2, None),           # one prompt token and one generated token
-    "max_model_len": (2, None),
-    "chunked_prefill_size": (1, None),
-    "state_checkpoint_mb": (0, None),
-    "state_checkpoint_gpu_mb": (0, None),
-    "state_checkpoint_interval": (0, None),
-    "moe_cache_size": (1, None),
-    "moe_hybrid_max_fetch": (0, None),
-    "moe_fetch_fraction": (0.0, None),
-    "moe_prefill_decode_tokens": (0, None),
-    "moe_cpu_threads": (1, None),
+    "max_running_requests": 1,
+    "num_kv_tokens": 2,           # one prompt token and one generated token
+    "max_model_len": 2,
+    "chunked_prefill_size": 1,
+    "state_checkpoint_mb": 0,
+    "state_checkpoint_gpu_mb": 0,
+    "state_checkpoint_interval": 0,
+    "moe_cache_size": 1,
+    "moe_hybrid_max_fetch": 0,
+    "moe_fetch_fraction": 0.0,
+    "moe_prefill_decode_tokens": 0,
+    "moe_cpu_threads": 1,
 }
 POSITIVE = ("moe_cache_rate", "gpu_memory_gb")     # > 0 (and the rate at most 1)
 
@@ -34,8 +34,8 @@ def flag(name: str) -> str:
 
 def check_config(config: EngineConfig) -> None:
     """Raise ConfigError for the first flag out of its bounds or choices."""
-    for name, (lo, hi) in BOUNDS.items():
-        _check_range(name, getattr(config, name), lo, hi)
+    for name, lo in BOUNDS.items():
+        check_value(flag(name), getattr(config, name), lo)
     for name in POSITIVE:
         value = getattr(config, name)
         if value is not None and not value > 0:
@@ -52,11 +52,13 @@ def check_config(config: EngineConfig) -> None:
                               f"{', '.join(map(str, choices))}")
 
 
-def _check_range(name: str, value, lo, hi) -> None:
+def check_value(label: str, value, lo) -> None:
+    """value (None: not given) is a number of lo's kind, at least lo; label names it in the error
+    (a flag, or a request field of a resize)."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(lo, int) and not isinstance(value, int):
-        raise ConfigError(f"{flag(name)} must be {'an integer' if isinstance(lo, int) else 'a number'}, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{flag(name)} must be {bound}, got {value}")
+    integer = isinstance(lo, int)
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ConfigError(f"{label} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if value < lo:
+        raise ConfigError(f"{label} must be >= {lo}, got {value}")

@@ -29,17 +29,11 @@ class Decision:
 
 @dataclass(frozen=True)
 class MoEAsk:
-    """What the flags, or an elastic resize, ask of the MoE runtime."""
+    """What the flags ask of the MoE runtime."""
 
     backend: str                  # "auto" or one of BACKENDS
     cache_size: int | None
     cache_rate: float | None
-    resize: bool = False          # the backend is fixed: a resize never changes it
-
-    @property
-    def size_name(self) -> str:
-        """How the cache size was given: the flag at start-up, the request field in a resize."""
-        return "moe_cache_size" if self.resize else "--moe-cache-size"
 
 
 def step_need(num_experts: int, top_k: int, max_running: int) -> int:
@@ -106,16 +100,17 @@ def _slots(backend: str, ask: MoEAsk, total: int, need: int, fit: int | None, cf
         slots, why = total, f"{why}; {slots} asked, {total} (= Lm*E) are enough"
     decision = Decision("expert cache", str(slots), why)
     if backend == "offload" and slots < need:
-        return decision, _offload_too_small(slots, need, cfg, ask)
+        return decision, _offload_too_small(slots, need, cfg)
     return decision, None
 
 
 def _asked_slots(ask: MoEAsk, total: int, need: int, fit: int | None) -> tuple[int, str]:
     if ask.cache_size is not None or ask.cache_rate is not None:
-        slots, why = ((ask.cache_size, ask.size_name) if ask.cache_size is not None else
-                      (rate_slots(ask.cache_rate, total), f"--moe-cache-rate {ask.cache_rate:g} of {total} experts"))
+        flag = "--moe-cache-size" if ask.cache_size is not None else "--moe-cache-rate"
+        slots, why = ((ask.cache_size, flag) if ask.cache_size is not None else
+                      (rate_slots(ask.cache_rate, total), f"{flag} {ask.cache_rate:g} of {total} experts"))
         if fit is not None and min(slots, total) > fit:
-            raise ConfigError(f"{why.split()[0]}: an expert cache of {min(slots, total)} slots does not fit: the "
+            raise ConfigError(f"{flag}: an expert cache of {min(slots, total)} slots does not fit: the "
                               f"GPU memory plan has room for {fit} after weights, workspace and KV")
         return slots, why
     if fit is None:
@@ -126,16 +121,17 @@ def _asked_slots(ask: MoEAsk, total: int, need: int, fit: int | None) -> tuple[i
     return fit, "all the GPU memory the plan leaves after weights, workspace and KV"
 
 
-def _offload_too_small(slots: int, need: int, cfg, ask: MoEAsk) -> Decision:
-    """Offload fetches every miss, which a cache below one decode step's need cannot do. GPU memory
-    should change speed, never whether a model runs, so at start-up that becomes hybrid with a
-    fixed cap of E fetches (every miss that finds an evictable slot is fetched, the rest run on the
-    CPU). A resize keeps its backend, so there it is an error."""
-    why = (f"an expert cache of {slots} slots cannot fetch every miss of a decode step that routes up to "
-           f"{need} distinct experts (max_running_requests x top-{cfg.num_experts_per_tok})")
-    if ask.resize:
-        raise ConfigError(f"moe_cache_size: {why}; offload needs at least {need} (or a restart with "
-                          "--moe-backend hybrid, which runs at any cache size)")
+def offload_too_small(slots: int, need: int, top_k: int) -> str:
+    """Why offload cannot run on this cache: it fetches every miss."""
+    return (f"an expert cache of {slots} slots cannot fetch every miss of a decode step that routes up to "
+            f"{need} distinct experts (max_running_requests x top-{top_k})")
+
+
+def _offload_too_small(slots: int, need: int, cfg) -> Decision:
+    """Offload below one decode step's need: GPU memory should change speed, never whether a model
+    runs, so at start-up that becomes hybrid with a fixed cap of E fetches (every miss that finds an
+    evictable slot is fetched, the rest run on the CPU)."""
+    why = offload_too_small(slots, need, cfg.num_experts_per_tok)
     return Decision("moe backend", "hybrid", f"offload falls back to hybrid: {why}; misses are fetched while "
                     f"evictable slots last, the rest run on the CPU (give --moe-cache-size >= {need} for offload)",
                     warn=True)

@@ -18,12 +18,12 @@ class Node:
         self.children: dict[int, Node] = {}
         self.ref = 0              # requests whose reused prefix runs through this node
         self.last_used = 0
-        self.checkpoint = None    # a hybrid's recurrent state after this node's last token (checkpoints.py)
+        self.checkpoint = None    # a GDN model's recurrent state after this node's last token (checkpoints.py)
 
 
 class RadixCache:
     def __init__(self, checkpoints=None):
-        self.checkpoints = checkpoints   # CheckpointPool of a hybrid model: evicted nodes drop theirs
+        self.checkpoints = checkpoints   # CheckpointPool of a GDN model: evicted nodes drop theirs
         self.root = Node([], [], None)
         self.root.ref = 1         # never evicted
         self._clock = itertools.count(1)
@@ -69,7 +69,7 @@ class RadixCache:
 
     def match_resumable(self, tokens: list[int]) -> tuple[list[int], Node]:
         """The longest cached prefix of tokens that ends at a node holding a state checkpoint
-        (a hybrid can resume only there): (its KV slots, that node; the root when none)."""
+        (a GDN model can resume only there): (its KV slots, that node; the root when none)."""
         slots, end = self.match(tokens)
         path, node = [], end
         while node is not self.root:

@@ -1,5 +1,5 @@
 """Elastic cache (docs/design.md, Elastic cache resize): resize the expert cache and the KV pool at a
-safe point. The new sizes are a new plan (make_plan with a Resize: the same checks as at start-up);
+safe point. The new sizes are a new plan (engine/plan_resize.py: the same checks as at start-up);
 EngineCore.rebuild(plan) then replaces what changed.
 
 Plan first, build the new pieces next, swap last: a failure at any point leaves the old geometry
@@ -31,19 +31,13 @@ def cache_status(core) -> dict:
 
 
 def resize_plan(core, moe_cache_size: int | None, num_kv_tokens: int | None):
-    """The plan with the new sizes (engine/plan.py Resize), or RebuildRejected saying why not."""
+    """The plan with the new sizes (engine/plan_resize.py), or RebuildRejected saying why not."""
     from freetoken.config import ConfigError
-    from freetoken.engine.plan import Resize, make_plan
-    if core.has_work():
-        raise EngineBusy("cache rebuild needs an idle engine: requests are queued or running")
+    from freetoken.engine.plan_resize import resized_plan
     if moe_cache_size is None and num_kv_tokens is None:
         raise RebuildRejected("nothing to rebuild: give moe_cache_size and/or num_kv_tokens")
-    for name, value in (("moe_cache_size", moe_cache_size), ("num_kv_tokens", num_kv_tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise RebuildRejected(f"{name} must be an integer, got {value!r}")
     try:
-        return make_plan(core.model_config, core.config, core.facts, Resize(moe_cache_size, num_kv_tokens),
-                         core.plan)
+        return resized_plan(core.model_config, core.config, core.facts, core.plan, moe_cache_size, num_kv_tokens)
     except ConfigError as e:
         raise RebuildRejected(str(e)) from None
 

@@ -1,6 +1,6 @@
-"""Weights of one decoder layer of a Gated DeltaNet hybrid (Qwen3-Next, Qwen3.5/3.6-MoE).
+"""Weights of one decoder layer of a Gated DeltaNet (GDN) model (Qwen3-Next, Qwen3.5/3.6-MoE).
 
-Layout of the arrays the model (models/qwen3_next.py) reads; the HF loader (hf_hybrid.py) and
+Layout of the arrays the model (models/qwen3_next.py) reads; the HF loader (models/hf_gdn.py) and
 the synthetic generator (models/synth.py) both produce it. bf16 travels as uint16; A_log and
 dt_bias are always float32 (they feed an exp and a softplus). RMSNorm weights are stored as the
 factor the model multiplies by: the checkpoint's (1 + w) for the Gemma-style norms.

@@ -93,10 +93,10 @@ _BASE_EXP = 119
 def parse_spec(spec: str) -> tuple[str, SynthShape, int]:
     """'NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X][,positions=P]' -> (name, shape,
     seed); ConfigError when bad. positions sets max_position_embeddings (long-context runs)."""
-    from freetoken.models.synth_gdn import PRESETS as HYBRID
+    from freetoken.models.synth_gdn import PRESETS as GDN
     parts = [p.strip() for p in spec.split(",")]
     name = parts[0]
-    presets = {**PRESETS, **HYBRID}
+    presets = {**PRESETS, **GDN}
     if name not in presets:
         raise ConfigError(f"unknown synthetic model {name!r}; presets: {', '.join(presets)} "
                           f"(spec: synth:NAME[,layers=N][,seed=S][,embed_scale=X][,qk_scale=X][,positions=P])")
@@ -140,7 +140,7 @@ def synth_model(spec: str, log) -> tuple[ModelConfig, "ModelWeights"]:
     t0 = time.perf_counter()
     gen = _Generator(seed)
     embed = gen.matrix((cfg.vocab_size, cfg.hidden_size), shift=int(round(math.log2(shape.embed_scale))))
-    layers = _hybrid_layers(cfg, shape, gen) if cfg.has_gdn else _moe_layers(cfg, shape, gen)
+    layers = _gdn_layers(cfg, shape, gen) if cfg.has_gdn else _moe_layers(cfg, shape, gen)
     weights = ModelWeights(embed=embed, final_norm=gen.norm(cfg.hidden_size),
                            lm_head=gen.matrix((cfg.vocab_size, cfg.hidden_size)), layers=layers)
     embed_shift = int(round(math.log2(shape.embed_scale)))
@@ -165,7 +165,7 @@ def _moe_layers(cfg: ModelConfig, shape, gen) -> tuple:
         for _ in range(cfg.num_layers))
 
 
-def _hybrid_layers(cfg: ModelConfig, shape, gen) -> tuple:
+def _gdn_layers(cfg: ModelConfig, shape, gen) -> tuple:
     from freetoken.models.synth_gdn import layers
     return layers(cfg, shape, gen)
 
@@ -173,8 +173,8 @@ def _hybrid_layers(cfg: ModelConfig, shape, gen) -> tuple:
 def weight_bytes(cfg: ModelConfig) -> int:
     """bf16 bytes of every weight of a model of this config (all MoE layers, or a hybrid)."""
     if cfg.has_gdn:
-        from freetoken.models.synth_gdn import weight_bytes as hybrid_bytes
-        return hybrid_bytes(cfg)
+        from freetoken.models.synth_gdn import weight_bytes as gdn_bytes
+        return gdn_bytes(cfg)
     H, V, D, E, I = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_experts, cfg.moe_intermediate_size
     Hq, G = cfg.num_heads, cfg.num_kv_heads
     layer = 2 * H + (Hq + 2 * G) * D * H + H * Hq * D + 2 * D + E * H + 3 * E * I * H

@@ -13,7 +13,7 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class HybridShape:
+class GdnShape:
     hidden: int
     layers: int
     experts: int
@@ -53,19 +53,19 @@ class HybridShape:
 
 
 PRESETS = {
-    "qwen3.6-35b-a3b": HybridShape(hidden=2048, layers=40, experts=256, top_k=8, moe_intermediate=512,
+    "qwen3.6-35b-a3b": GdnShape(hidden=2048, layers=40, experts=256, top_k=8, moe_intermediate=512,
                                    shared_intermediate=512, heads=16, kv_heads=2, head_dim=256, vocab=248320,
                                    key_heads=16, value_heads=32, key_dim=128, value_dim=128),
-    "qwen3-next-80b-a3b": HybridShape(hidden=2048, layers=48, experts=512, top_k=10, moe_intermediate=512,
+    "qwen3-next-80b-a3b": GdnShape(hidden=2048, layers=48, experts=512, top_k=10, moe_intermediate=512,
                                       shared_intermediate=512, heads=16, kv_heads=2, head_dim=256,
                                       vocab=151936, key_heads=16, value_heads=32, key_dim=128, value_dim=128),
-    "tiny-hybrid": HybridShape(hidden=64, layers=4, experts=8, top_k=2, moe_intermediate=32,
+    "tiny-hybrid": GdnShape(hidden=64, layers=4, experts=8, top_k=2, moe_intermediate=32,
                                shared_intermediate=32, heads=4, kv_heads=2, head_dim=16, vocab=4096,
                                key_heads=2, value_heads=4, key_dim=16, value_dim=16, max_positions=4096),
 }
 
 
-def layers(cfg, shape: HybridShape, gen) -> tuple:
+def layers(cfg, shape: GdnShape, gen) -> tuple:
     """GdnLayerWeights of every layer, drawn from synth's generator in a fixed order."""
     from freetoken.models.gdn_weights import GdnLayerWeights
     H, E, I, Is = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
@@ -80,7 +80,7 @@ def layers(cfg, shape: HybridShape, gen) -> tuple:
     return tuple(out)
 
 
-def _attention(cfg, shape: HybridShape, gen) -> dict:
+def _attention(cfg, shape: GdnShape, gen) -> dict:
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     return dict(qkv=gen.matrix(((2 * Hq + 2 * G) * D, H)), o_proj=gen.matrix((H, Hq * D)),
                 q_norm=gen.norm(D, shape.qk_scale), k_norm=gen.norm(D, shape.qk_scale))

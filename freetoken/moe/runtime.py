@@ -89,7 +89,7 @@ class MoERuntime:
             return num_slots
         streams = self.resident is None and (self.host.pinned or not self.dev.needs_pinning)
         if self.backend == "cpu" and streams:
-            return (1 if self._disable_overlap else 2) * self.E   # prefill only
+            return prefill_stream_slots(self.E, self._disable_overlap)
         return 0
 
     def _allocate(self, num_slots: int) -> None:
@@ -224,6 +224,12 @@ class MoERuntime:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def prefill_stream_slots(num_experts: int, disable_overlap: bool) -> int:
+    """Slots the cpu backend borrows on a discrete device to stream prefill: one layer's experts,
+    or two (the next layer loads while this one computes)."""
+    return (1 if disable_overlap else 2) * num_experts
 
 
 def host_pool_for(cfg: ModelConfig, banks, plan: MoEPlan, dev, log=None) -> HostPool:

@@ -9,7 +9,8 @@ import pytest
 from freetoken.config import ConfigError, EngineConfig
 from freetoken.models.demo import packaged_demo_dir
 from freetoken.engine import plan_memory as pm
-from freetoken.engine.plan import CHECKPOINTS_PER_REQUEST, DeviceFacts, Resize, make_plan
+from freetoken.engine.plan import CHECKPOINTS_PER_REQUEST, DeviceFacts, make_plan
+from freetoken.engine.plan_resize import resized_plan
 from freetoken.engine.plan_moe import step_need
 from freetoken.engine.state_pool import StatePool
 from freetoken.models.hf_config import model_config_from_dict, read_model_config
@@ -179,7 +180,9 @@ def test_cuda_graphs_need_cuda_and_fused(facts, flags, want):
 def test_fp32_weights_count_four_bytes():
     p16, p32 = plan(DEMO, CPU), plan(DEMO, dataclasses.replace(CPU, weights_dtype="f32"))
     assert p32.kv_dtype == "float32" and p16.kv_dtype == "bfloat16"
-    assert pm.expert_bytes(BIG, 4) == 2 * pm.expert_bytes(BIG, 2)
+    g16, g32 = plan(BIG, gpu(80), moe_backend="offload"), plan(BIG, gpu(80, weights_dtype="f32"), moe_backend="offload")
+    assert g32.memory.one_expert_bytes == 2 * g16.memory.one_expert_bytes == 2 * ONE_EXPERT
+    assert g32.memory.weights_bytes == 2 * g16.memory.weights_bytes and g32.moe.slots < g16.moe.slots
 
 
 def test_a_gdn_models_device_checkpoints_get_only_what_the_expert_cache_leaves_unless_asked():
@@ -225,20 +228,49 @@ def test_each_bad_flag_is_one_error_naming_it(flags, message):
         plan(DEMO, CPU, **flags)
 
 
-def test_a_resize_keeps_the_backend_and_policy_and_checks_like_start_up():
-    start = plan(DEMO, CPU, moe_backend="hybrid", moe_cache_size=10, moe_fetch_fraction=0.25)
-    grown = make_plan(DEMO, EngineConfig(moe_backend="hybrid", moe_cache_size=10, moe_fetch_fraction=0.25),
-                      CPU, Resize(expert_slots=20), start)
-    assert (grown.moe.backend, grown.moe.slots, grown.moe.policy) == ("hybrid", 20, start.moe.policy)
-    assert grown.kv_tokens == start.kv_tokens
-    kv = make_plan(DEMO, EngineConfig(moe_backend="hybrid", moe_cache_size=10), CPU, Resize(kv_tokens=64), grown)
-    assert kv.kv_tokens == 64 and kv.moe.slots == 20                   # the earlier resize stays
+def test_a_resize_keeps_the_backend_policy_and_every_other_decision():
+    """An auto-chosen backend and a profile's policy stay what start-up chose (the flags say
+    nothing of them); only the changed decisions change, each with the field that changed it."""
+    facts, ec = gpu(40, profile=profile(b_p=20.0, b_h=70.0)), EngineConfig()
+    start = make_plan(BIG, ec, facts)
+    assert start.moe.backend == "hybrid" and start.moe.policy.kind == "fraction"
+    grown = resized_plan(BIG, ec, facts, start, expert_slots=start.moe.slots - 100)
+    assert (grown.moe.backend, grown.moe.policy) == ("hybrid", start.moe.policy) and grown.kv_tokens == start.kv_tokens
+    changed = {d.name for d in grown.decisions} ^ {d.name for d in start.decisions}
+    assert not changed and [d.name for d in grown.decisions if d not in start.decisions] == ["expert cache", "gpu memory"]
+    assert why(grown, "moe backend").startswith("auto: ") and why(grown, "expert cache") == "moe_cache_size"
+    kv = resized_plan(BIG, ec, facts, grown, kv_tokens=4096)
+    assert kv.kv_tokens == 4096 and kv.moe.slots == grown.moe.slots            # the earlier resize stays
+    with pytest.raises(ConfigError, match="num_kv_tokens: an expert cache of .* do not fit"):
+        resized_plan(BIG, ec, facts, start, kv_tokens=4 * 40960)               # the auto cache took the room
+
+
+def test_a_resize_checks_like_start_up():
     cpu = plan(DEMO, CPU)
     with pytest.raises(ConfigError, match="the cpu MoE backend has no expert cache to resize"):
-        make_plan(DEMO, EngineConfig(), CPU, Resize(expert_slots=4), cpu)
+        resized_plan(DEMO, EngineConfig(), CPU, cpu, expert_slots=4)
     offload = plan(DEMO, CPU, moe_backend="offload", moe_cache_size=20)
     with pytest.raises(ConfigError, match="offload needs at least"):
-        make_plan(DEMO, EngineConfig(moe_backend="offload"), CPU, Resize(expert_slots=1), offload)
+        resized_plan(DEMO, EngineConfig(moe_backend="offload"), CPU, offload, expert_slots=1)
+    for bad, message in (({"expert_slots": 0}, "moe_cache_size must be >= 1"),
+                         ({"kv_tokens": 1}, "num_kv_tokens must be >= 2"),
+                         ({"kv_tokens": 2.5}, "num_kv_tokens must be an integer")):
+        with pytest.raises(ConfigError, match=message):
+            resized_plan(DEMO, EngineConfig(), CPU, offload, **bad)
+
+
+def test_a_resize_keeps_the_device_checkpoints_out_of_the_expert_cache():
+    """A GDN model's device checkpoint tier (the spare start-up left) is kept by a resize, so the
+    expert cache cannot grow into it."""
+    ec = EngineConfig(moe_backend="hybrid", moe_cache_size=2000)
+    start = plan(QWEN36, gpu(60), **{"moe_backend": "hybrid", "moe_cache_size": 2000})
+    assert start.checkpoint_device_bytes > 0
+    room = start.memory.expert_room_bytes - start.checkpoint_device_bytes
+    fit = room // start.memory.one_expert_bytes
+    assert 2000 < fit < start.memory.fit_slots                 # the tier, not the split, is the bound
+    assert resized_plan(QWEN36, ec, gpu(60), start, expert_slots=fit).moe.slots == fit
+    with pytest.raises(ConfigError, match="moe_cache_size: an expert cache of"):
+        resized_plan(QWEN36, ec, gpu(60), start, expert_slots=fit + 1)
 
 
 def test_the_summary_and_the_json_name_every_decision():
@@ -252,7 +284,3 @@ def test_the_summary_and_the_json_name_every_decision():
     assert body["moe_backend"] == "hybrid" and len(body["decisions"]) == len(p.decisions)
 
 
-def test_the_engine_config_is_never_rewritten():
-    ec = EngineConfig(moe_backend="auto")
-    p = make_plan(BIG, ec, gpu(40))
-    assert ec.moe_backend == "auto" and ec.moe_cache_size is None and p.moe.backend == "offload"

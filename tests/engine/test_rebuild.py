@@ -23,6 +23,9 @@ def test_resize_keeps_output_and_resets_counters(llm):
     assert llm.stats()["moe"]["total"]["hits"] == 0                 # cold cache, zeroed counters
     assert status["kv"]["prefix_cached_tokens"] == 0                # new KV pool: tree dropped
     assert llm.generate(PROMPT, params)[0].token_ids == before
+    # the flags as the user gave them: neither start-up nor the resize wrote sizes back into them
+    assert llm.core.config is llm.config and llm.config.moe_cache_size is None and llm.config.num_kv_tokens is None
+    assert status["plan"]["expert_slots"] == 20 and status["plan"]["kv_tokens"] == 1000
 
 
 def test_a_rebuild_sizes_the_expert_cache_once(llm):

@@ -1,4 +1,4 @@
-"""Hybrid runs at any expert cache size (docs/moe.md, "Any cache size"): start-up rules (options.py),
+"""Hybrid runs at any expert cache size (docs/moe.md, "Any cache size"): start-up rules (the plan, engine/plan_moe.py),
 both runtimes at 1-3 slots against fused, and the command line at --moe-cache-size 1.
 
 The residency step's own invariants at every S are in test_moe_residency.py; the kernel's, against
@@ -13,7 +13,8 @@ from moe_helpers import (E, H, I, K, L, StagingHostDevice, engine, model_config,
                          random_banks, run, workload)
 
 from freetoken.config import ConfigError
-from freetoken.engine.plan import DeviceFacts, Resize, make_plan
+from freetoken.engine.plan import DeviceFacts, make_plan
+from freetoken.engine.plan_resize import resized_plan
 from freetoken.engine.plan_moe import step_need
 from freetoken.moe.runtime import build_moe
 
@@ -47,7 +48,7 @@ def test_offload_below_one_step_falls_back_to_hybrid_with_a_warning():
 def test_a_resize_of_offload_below_one_step_is_refused_naming_the_need():
     start = make_plan(model_config(), engine(moe_backend="offload", moe_cache_size=NEED), HOST)
     with pytest.raises(ConfigError, match=f"offload needs at least {NEED}"):
-        make_plan(model_config(), engine(moe_backend="offload"), HOST, Resize(expert_slots=1), start)
+        resized_plan(model_config(), engine(moe_backend="offload", moe_cache_size=NEED), HOST, start, expert_slots=1)
 
 
 def test_the_plan_keeps_a_big_enough_offload_and_any_hybrid():
