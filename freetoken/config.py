@@ -1,7 +1,7 @@
 """Frozen configuration: ModelConfig (a model's shape; models/hf_config.py reads it from a Hugging
 Face config.json) and EngineConfig.
 
-CLI flags are generated from EngineConfig's fields (see cli.py), so each default and help text
+CLI flags are generated from EngineConfig's fields (see flags.py), so each default and help text
 is written once, here.
 """
 from __future__ import annotations
@@ -107,8 +107,9 @@ class EngineConfig:
     start-up plan, engine/plan.py, decides and says why). Never rewritten after start-up; every
     bound is checked once, by engine/plan_checks.py. Unknown keywords raise TypeError."""
 
-    model: str | None = _flag(None, "model directory (Hugging Face format), or a built-in model: demo "
-                                    "(tiny-agent-moe, the default) or demo-hybrid (tiny-agent-hybrid)")
+    model: str | None = _flag(None, "model directory (Hugging Face format), a GGUF file (FILE.gguf; a split set by "
+                                    "its first part), synth:SPEC (an in-memory synthetic model), or a built-in "
+                                    "model: demo (tiny-agent-moe, the default) or demo-hybrid (tiny-agent-hybrid)")
     backend: str = _flag("auto", "compute backend: auto picks cuda when a GPU is visible, else cpu",
                          ("auto", "ref", "cpu", "cuda"))
     max_running_requests: int = _flag(4, "most requests decoding at once")

@@ -47,9 +47,31 @@ class GGUFModel:
         """A key of this architecture: key("block_count") is "<arch>.block_count"."""
         return self.metadata.get(f"{self.architecture}.{name}", default)
 
+    def require(self, name: str, of_architecture: bool = True):
+        """A metadata key the model cannot do without; GGUFError naming it when it is absent."""
+        full = f"{self.architecture}.{name}" if of_architecture else name
+        if self.metadata.get(full) is None:
+            raise GGUFError(f"{self.paths[0]}: metadata key {full} is missing")
+        return self.metadata[full]
+
+    @property
+    def bf16(self) -> bool:
+        """The file's weights are mostly bf16 (by bytes): the model is widened to bf16, else fp32."""
+        total = sum(t.data.nbytes for t in self.tensors.values())
+        return 2 * sum(t.data.nbytes for t in self.tensors.values() if t.type_name == "BF16") > total
+
 
 def is_gguf(path: str | Path) -> bool:
     return str(path).endswith(".gguf")
+
+
+def check_path(path: str | Path) -> Path:
+    """The file to open, its split set complete; GGUFError otherwise (before anything is read)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such file")
+    split_parts(path)
+    return path
 
 
 def split_parts(path: Path) -> tuple[Path, ...]:
@@ -69,19 +91,29 @@ def split_parts(path: Path) -> tuple[Path, ...]:
 
 def open_gguf(path: str | Path) -> GGUFModel:
     """Read the metadata and tensor index of a GGUF model (every part of a split set)."""
-    path = Path(path)
-    if not path.is_file():
-        raise GGUFError(f"{path}: no such file")
+    path = check_path(path)
     metadata, tensors = {}, {}
     parts = split_parts(path)
     for part in parts:
         reader = _reader(part)
         if part == parts[0]:
-            metadata = {name: _value(field) for name, field in reader.fields.items()
+            metadata = {name: field.contents() for name, field in reader.fields.items()
                         if not name.startswith("GGUF.")}
+            _check_split_count(path, metadata, len(parts))
         for t in reader.tensors:
+            if t.name in tensors:
+                raise GGUFError(f"{part}: tensor {t.name} is also in {tensors[t.name].file.name}")
             tensors[t.name] = _tensor(t, part)
     return GGUFModel(parts, metadata, tensors)
+
+
+def _check_split_count(path: Path, metadata: dict, parts: int) -> None:
+    """A split set's first part says how many parts there are (split.count): a renamed set, or one
+    file given where a set was written, is refused rather than read short."""
+    count = metadata.get("split.count")
+    if count is not None and int(count) != parts:
+        raise GGUFError(f"{path}: the file is part 1 of a split set of {count} (split.count); give the set's "
+                        f"first part under its NAME-00001-of-{int(count):05d}.gguf name, with the other parts beside it")
 
 
 def _reader(path: Path):
@@ -94,26 +126,8 @@ def _reader(path: Path):
 
 def _tensor(t, path: Path) -> GGUFTensor:
     from gguf import GGMLQuantizationType
-    try:
-        type_name = GGMLQuantizationType(int(t.tensor_type)).name
-    except ValueError:
-        type_name = f"type {int(t.tensor_type)}"
+    type_name = GGMLQuantizationType(int(t.tensor_type)).name    # an unknown type fails in the reader
     if type_name not in SUPPORTED_TYPES:
         raise GGUFError(f"{path}: tensor {t.name} is {type_name}; FreeToken reads {', '.join(SUPPORTED_TYPES)}")
     shape = tuple(int(n) for n in reversed(t.shape.tolist()))
     return GGUFTensor(t.name, type_name, shape, t.data, path)
-
-
-def _value(field):
-    """A metadata field as a Python value: str, int, float, bool, or a list of them."""
-    from gguf import GGUFValueType
-    kinds = field.types
-    if not kinds:
-        return None
-    if kinds[0] == GGUFValueType.ARRAY:
-        if len(kinds) > 1 and kinds[1] == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    if kinds[0] == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    return field.parts[field.data[0]].tolist()[0]

@@ -2,7 +2,8 @@
 checkpoint's tokenizer.json describes: the vocabulary and merges as stored, control tokens as
 special added tokens, user-defined ones (e.g. <think>) as plain added tokens, padding entries
 ([PADn], type UNUSED) left out as tokenizer.json leaves them out, and the pre-tokenizer llama.cpp
-names in `tokenizer.ggml.pre`. The chat template and the end-of-sequence ids come from the file too.
+names in `tokenizer.ggml.pre`. The chat template comes from the file; the stop ids are the
+eos / eot / eom ids and, as llama.cpp does, every control token whose text ends a turn or a text.
 """
 from __future__ import annotations
 
@@ -12,19 +13,24 @@ NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5      # llama.cpp's token type
 # tokenizer.ggml.pre -> the split regex before byte-level encoding (None: ByteLevel's own GPT-2 one)
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZERS = {"gpt-2": None, "default": None, "qwen2": QWEN2_SPLIT}
+PRE_TOKENIZERS = {"gpt-2": None, "qwen2": QWEN2_SPLIT}
 END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+# control tokens llama.cpp also ends generation on, by their text (the Qwen ones and the common others)
+END_TEXTS = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+                       "<|end_of_text|>", "<|return|>", "<|call|>"})
 
 
 def gguf_tokenizer(model: GGUFModel):
     """freetoken.tokenizer.Tokenizer of the file."""
     from freetoken.tokenizer import Tokenizer
     meta, where = model.metadata, model.paths[0]
-    kind = meta.get("tokenizer.ggml.model")
+    kind = model.require("tokenizer.ggml.model", of_architecture=False)
     if kind != "gpt2":
         raise GGUFError(f"{where}: tokenizer.ggml.model is {kind!r}; FreeToken reads byte-level BPE ('gpt2')")
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type") or []
+    tokens = model.require("tokenizer.ggml.tokens", of_architecture=False)
+    types = meta.get("tokenizer.ggml.token_type") or []
     ends = [int(meta[k]) for k in END_KEYS if meta.get(k) is not None]
+    ends += [i for i, (t, k) in enumerate(zip(tokens, types)) if k == CONTROL and t in END_TEXTS and i not in ends]
     config = {"chat_template": meta.get("tokenizer.chat_template"),
               "eos_token": tokens[ends[0]] if ends else None,
               "bos_token": tokens[int(meta["tokenizer.ggml.bos_token_id"])]
@@ -36,7 +42,7 @@ def gguf_tokenizer(model: GGUFModel):
 def _bpe(meta: dict, tokens: list[str], types: list[int], where):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if pre not in PRE_TOKENIZERS:     # llama.cpp's "default" is a regex of its own: not a guess here
         raise GGUFError(f"{where}: pre-tokenizer {pre!r} is not one FreeToken knows ({', '.join(PRE_TOKENIZERS)})")
     kinds = types or [NORMAL] * len(tokens)
     vocab = {t: i for i, (t, k) in enumerate(zip(tokens, kinds)) if k != UNUSED}

@@ -5,8 +5,9 @@
 This version widens every tensor at load, exactly as gguf-py's `quants.dequantize` does: to bf16
 when the file's weights are bf16, else to float32 (F16 and every quantized type; a quantized
 weight is defined as its gguf-py dequantization in fp32, so the widened model computes what the
-spec computes). The start-up log says how many bytes that costs against the file. Keeping the
-experts quantized (host banks, GPU slots and fetches in the file's blocks) is the next step.
+spec computes). Every tensor's presence and shape is checked before the first is widened. The
+start-up log says how many bytes the widening costs against the file. Keeping the experts
+quantized (host banks, GPU slots and fetches in the file's blocks) is the next step.
 
 Shape legend: L layers, E experts, I expert width, H hidden, Hq/G query/kv heads, D head dim, V vocab.
 """
@@ -15,39 +16,146 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.config import ModelConfig
-from freetoken.kernels._bf16 import from_f32
+from freetoken.models import registry
 from freetoken.models.gguf_file import GGUFError, GGUFModel
-from freetoken.models.weights import LayerWeights, ModelWeights, load_layers
-
-ARCHITECTURES = {"qwen3moe": "Qwen3MoeForCausalLM"}     # GGUF general.architecture -> HF architecture
+from freetoken.models.weights import LayerWeights, ModelWeights, load_layers, row_slices
 
 
 def gguf_config(model: GGUFModel) -> ModelConfig:
     """The ModelConfig of the file's metadata. llama.cpp's qwen3moe always renormalises the top-k
-    router weights (every Qwen3-MoE release sets norm_topk_prob), so the file says nothing of it."""
+    router weights (every Qwen3-MoE release sets norm_topk_prob), so the file says nothing of it.
+    A layer without a router (ffn_gate_inp) is a dense-MLP layer."""
     from freetoken.models.hf_config import model_config_from_dict
-    arch, key = model.architecture, model.key
-    if arch not in ARCHITECTURES:
+    arch, key, need = model.architecture, model.key, model.require
+    if registry.from_gguf(arch) is None:
         raise GGUFError(f"{model.paths[0]}: architecture {arch!r}; FreeToken reads GGUF "
-                        f"{', '.join(ARCHITECTURES)} (more families: the HF checkpoint)")
-    heads = int(key("attention.head_count"))
+                        f"{registry.gguf_supported()} (more families: the HF checkpoint)")
+    heads, hidden, layers = int(need("attention.head_count")), int(need("embedding_length")), int(need("block_count"))
     scaling = key("rope.scaling.type")
-    hf = {"architectures": [ARCHITECTURES[arch]],
-          "vocab_size": len(model.metadata["tokenizer.ggml.tokens"]),
-          "hidden_size": int(key("embedding_length")), "num_hidden_layers": int(key("block_count")),
+    hf = {"architectures": [registry.from_gguf(arch)],
+          "vocab_size": len(need("tokenizer.ggml.tokens", of_architecture=False)),
+          "hidden_size": hidden, "num_hidden_layers": layers,
           "num_attention_heads": heads, "num_key_value_heads": int(key("attention.head_count_kv", heads)),
-          "head_dim": int(key("attention.key_length", int(key("embedding_length")) // heads)),
+          "head_dim": int(key("attention.key_length", hidden // heads)),
           "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon", 1e-6)),
           "rope_theta": _f32(key("rope.freq_base", 10000.0)),
           "max_position_embeddings": int(key("context_length", 32768)),
           "tie_word_embeddings": "output.weight" not in model.tensors,
-          "num_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count")),
-          "moe_intermediate_size": int(key("expert_feed_forward_length")),
-          "intermediate_size": int(key("feed_forward_length", key("expert_feed_forward_length"))),
-          "norm_topk_prob": True, "torch_dtype": "bfloat16"}
+          "num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
+          "moe_intermediate_size": int(need("expert_feed_forward_length")),
+          "intermediate_size": int(key("feed_forward_length", need("expert_feed_forward_length"))),
+          "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in model.tensors],
+          "norm_topk_prob": True, "torch_dtype": "bfloat16" if model.bf16 else "float32"}
     if scaling and scaling != "none":
         hf["rope_scaling"] = {"rope_type": scaling, "factor": _f32(key("rope.scaling.factor", 1.0))}
     return model_config_from_dict(hf)
+
+
+def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
+    """ModelWeights of the file, every tensor widened to the model dtype (gguf_config's torch_dtype)."""
+    layout = expected_tensors(cfg)
+    _check_tensors(model, layout)
+    read = _Reader(model, np.dtype(np.uint16) if model.bf16 else np.dtype(np.float32), layout)
+    embed = read("token_embd.weight")
+    lm_head = embed if cfg.tie_word_embeddings else read("output.weight")
+    layers = load_layers(lambda i: _layer(read, cfg, i), cfg.num_layers)
+    widened = {t.type_name for t in model.tensors.values()} - {"F32", "BF16"}
+    if log is not None and widened:
+        log.info("GGUF %s tensors widened to %s at load: %s in memory for a %s file", "/".join(sorted(widened)),
+                 "bf16" if model.bf16 else "f32", _size(read.nbytes), _size(sum(t.data.nbytes for t in model.tensors.values())))
+    return ModelWeights(embed=embed, final_norm=read("output_norm.weight"), lm_head=lm_head, layers=layers)
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model reads, by llama.cpp's name, with its shape (numpy order)."""
+    V, H, D, Hq, G = cfg.vocab_size, cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    out = {"token_embd.weight": (V, H), "output_norm.weight": (H,)}
+    if not cfg.tie_word_embeddings:
+        out["output.weight"] = (V, H)
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}."
+        out.update({p + "attn_norm.weight": (H,), p + "ffn_norm.weight": (H,), p + "attn_q.weight": (Hq * D, H),
+                    p + "attn_k.weight": (G * D, H), p + "attn_v.weight": (G * D, H),
+                    p + "attn_output.weight": (H, Hq * D), p + "attn_q_norm.weight": (D,),
+                    p + "attn_k_norm.weight": (D,)})
+        if cfg.is_moe_layer(i):
+            E, I = cfg.num_experts, cfg.moe_intermediate_size
+            out.update({p + "ffn_gate_inp.weight": (E, H), p + "ffn_gate_exps.weight": (E, I, H),
+                        p + "ffn_up_exps.weight": (E, I, H), p + "ffn_down_exps.weight": (E, H, I)})
+        else:
+            I = cfg.intermediate_size
+            out.update({p + "ffn_gate.weight": (I, H), p + "ffn_up.weight": (I, H), p + "ffn_down.weight": (H, I)})
+    return out
+
+
+def _check_tensors(model: GGUFModel, layout: dict) -> None:
+    """Every tensor present and of the shape the config implies, before any is widened."""
+    for name, shape in layout.items():
+        t = model.tensors.get(name)
+        if t is None:
+            raise GGUFError(f"{model.paths[0]}: tensor {name} is missing")
+        if t.shape[:-1] != shape[:-1] or _values_per_row(t) != shape[-1]:
+            raise GGUFError(f"{t.file}: tensor {name} holds {t.shape[:-1] + (_values_per_row(t),)} values, "
+                            f"the config implies {shape}")
+
+
+def _values_per_row(t) -> int:
+    """Values in a row of t: GGUF's ne0 (the block layout stores it as bytes)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[t.type_name]]
+    return t.data.shape[-1] // nbytes * block if t.data.dtype == np.uint8 else t.data.shape[-1]
+
+
+class _Reader:
+    """name -> the tensor widened (gguf-py) to the model dtype, into `out` when given; counts bytes."""
+
+    def __init__(self, model: GGUFModel, dtype: np.dtype, layout: dict):
+        self.model, self.dtype, self.layout, self.nbytes = model, dtype, layout, 0
+
+    def __call__(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        from gguf import GGMLQuantizationType, quants
+        from freetoken.kernels._bf16 import from_f32
+        t = self.model.tensors[name]
+        if self.dtype == np.uint16 and t.type_name == "BF16":
+            values = t.data.view(np.uint16).reshape(self.layout[name])      # stored as the model keeps it
+        else:
+            values = quants.dequantize(t.data, GGMLQuantizationType[t.type_name]).astype(np.float32, copy=False)
+            values = from_f32(values) if self.dtype == np.uint16 else values
+        if out is None:
+            out = np.array(values, dtype=self.dtype)                         # off the memory map
+            self.nbytes += out.nbytes
+        else:
+            out[...] = values
+        return out
+
+
+def _layer(read: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
+    """One layer; the stacked arrays (qkv, gate_up) are filled in place, not concatenated."""
+    p, H, D, Hq, G = f"blk.{i}.", cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    qkv = _stacked(read, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], ((Hq + 2 * G) * D, H), 0)
+    if cfg.is_moe_layer(i):
+        E, I = cfg.num_experts, cfg.moe_intermediate_size
+        router = read(p + "ffn_gate_inp.weight")
+        gate_up = _stacked(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
+        down = read(p + "ffn_down_exps.weight")
+    else:
+        I = cfg.intermediate_size
+        router = None
+        gate_up = _stacked(read, [p + "ffn_gate.weight", p + "ffn_up.weight"], (2 * I, H), 0)[None]
+        down = read(p + "ffn_down.weight")[None]
+    return LayerWeights(input_norm=read(p + "attn_norm.weight"), post_norm=read(p + "ffn_norm.weight"),
+                        qkv=qkv, o_proj=read(p + "attn_output.weight"), q_norm=read(p + "attn_q_norm.weight"),
+                        k_norm=read(p + "attn_k_norm.weight"), router=router, gate_up=gate_up, down=down)
+
+
+def _stacked(read: _Reader, names: list[str], shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """The tensors stacked along `axis` of one array of `shape`, each widened into its slice."""
+    out = np.empty(shape, read.dtype)
+    read.nbytes += out.nbytes
+    sizes = [read.layout[n][axis] for n in names]
+    for name, rows in zip(names, row_slices(*sizes)):
+        read(name, out[(slice(None),) * axis + (rows,)])
+    return out
 
 
 def _size(n: int) -> str:
@@ -57,63 +165,3 @@ def _size(n: int) -> str:
 def _f32(value) -> float:
     """A float32 metadata value as the decimal it was written from (1e-06, not 9.99999997e-07)."""
     return float(str(np.float32(value)))
-
-
-def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
-    """ModelWeights of the file, every tensor widened to the model dtype."""
-    widened = {t.type_name for t in model.tensors.values()} - {"F32"}
-    bf16 = sum(t.data.nbytes for t in model.tensors.values() if t.type_name == "BF16")
-    dtype = np.dtype(np.uint16) if 2 * bf16 > sum(t.data.nbytes for t in model.tensors.values()) else np.dtype(np.float32)
-    read = _Reader(model, dtype)
-    V, H = cfg.vocab_size, cfg.hidden_size
-    embed = read("token_embd.weight", (V, H))
-    lm_head = embed if cfg.tie_word_embeddings else read("output.weight", (V, H))
-    layers = load_layers(lambda i: _layer(read, cfg, i), cfg.num_layers)
-    if log is not None and widened - {"BF16"}:
-        size = sum(t.data.nbytes for t in model.tensors.values())
-        log.info("GGUF %s tensors widened to %s at load: %s in memory for a %s file",
-                 "/".join(sorted(widened)), "bf16" if dtype == np.uint16 else "f32", _size(read.nbytes), _size(size))
-    return ModelWeights(embed=embed, final_norm=read("output_norm.weight", (H,)), lm_head=lm_head, layers=layers)
-
-
-class _Reader:
-    """name, shape -> the tensor dequantized (gguf-py) in the model dtype; counts the bytes made."""
-
-    def __init__(self, model: GGUFModel, dtype: np.dtype):
-        self.model, self.dtype, self.nbytes = model, dtype, 0
-
-    def __call__(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        from gguf import GGMLQuantizationType, quants
-        t = self.model.tensors.get(name)
-        if t is None:
-            raise GGUFError(f"{self.model.paths[0]}: tensor {name} is missing")
-        try:
-            values = quants.dequantize(t.data, GGMLQuantizationType[t.type_name])
-        except (ValueError, TypeError) as e:
-            raise GGUFError(f"{t.file}: tensor {name} ({t.type_name}) cannot be read: {e}") from None
-        if values.shape != shape:
-            raise GGUFError(f"{t.file}: tensor {name} has shape {values.shape}, the config implies {shape}")
-        out = from_f32(values.astype(np.float32)) if self.dtype == np.uint16 else values.astype(np.float32)
-        self.nbytes += out.nbytes
-        return np.ascontiguousarray(out)
-
-
-def _layer(read: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
-    p, H, D, Hq, G = f"blk.{i}.", cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    qkv = np.concatenate([read(f"{p}attn_q.weight", (Hq * D, H)), read(f"{p}attn_k.weight", (G * D, H)),
-                          read(f"{p}attn_v.weight", (G * D, H))])
-    if cfg.is_moe_layer(i):
-        E, I = cfg.num_experts, cfg.moe_intermediate_size
-        router = read(f"{p}ffn_gate_inp.weight", (E, H))
-        gate_up = np.concatenate([read(f"{p}ffn_gate_exps.weight", (E, I, H)),
-                                  read(f"{p}ffn_up_exps.weight", (E, I, H))], axis=1)   # [E, 2I, H]
-        down = read(f"{p}ffn_down_exps.weight", (E, H, I))
-    else:
-        I = cfg.intermediate_size
-        router = None
-        gate_up = np.concatenate([read(f"{p}ffn_gate.weight", (I, H)), read(f"{p}ffn_up.weight", (I, H))])[None]
-        down = read(f"{p}ffn_down.weight", (H, I))[None]
-    return LayerWeights(input_norm=read(f"{p}attn_norm.weight", (H,)), post_norm=read(f"{p}ffn_norm.weight", (H,)),
-                        qkv=qkv, o_proj=read(f"{p}attn_output.weight", (H, Hq * D)),
-                        q_norm=read(f"{p}attn_q_norm.weight", (D,)), k_norm=read(f"{p}attn_k_norm.weight", (D,)),
-                        router=router, gate_up=gate_up, down=down)

@@ -35,12 +35,8 @@ def model_path(model: str | None, log) -> Path:
         parse_spec(model[len(SYNTH_PREFIX):])       # a bad spec fails here, before the server binds
         return Path(model)
     if model and is_gguf(model):
-        from freetoken.models.gguf_file import split_parts
-        path = Path(model).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF file {path} does not exist")
-        split_parts(path)                           # a split set with a part missing fails here too
-        return path
+        from freetoken.models.gguf_file import check_path
+        return check_path(model)                    # a split set with a part missing fails here too
     from freetoken.models.demo import resolve_model_dir
     return resolve_model_dir(model, log)
 
@@ -73,5 +69,5 @@ def _load_gguf(path: Path, log) -> LoadedModel:
     from freetoken.models.gguf_tokenizer import gguf_tokenizer
     from freetoken.models.gguf_weights import gguf_config, gguf_weights
     model = open_gguf(path)
-    cfg = gguf_config(model)
-    return LoadedModel(path.name, path, cfg, gguf_weights(model, cfg, log), gguf_tokenizer(model))
+    cfg, tokenizer = gguf_config(model), gguf_tokenizer(model)      # both fail in seconds, before the widening
+    return LoadedModel(path.name, path, cfg, gguf_weights(model, cfg, log), tokenizer)

@@ -7,7 +7,7 @@ the weights loader and the model class are imported on first use).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -17,20 +17,20 @@ class Family:
     loader: str               # "module:function" reading its safetensors into ModelWeights
     text_config: bool = False  # the text model's fields sit under config.json's "text_config"
     gdn: bool = False         # Gated DeltaNet layers between gated full-attention layers
-    gemma_norms: bool = False  # RMSNorm weights are stored as w - 1 (the model scales by 1 + w)
     router_renormalises: bool = False  # top-k weights always renormalised (norm_topk_prob ignored)
+    gguf: str = ""            # general.architecture llama.cpp's converter writes for it ("": not read from GGUF)
 
 
 GDN_MODEL, GDN_LOADER = "freetoken.models.qwen3_next:Qwen3Next", "freetoken.models.hf_gdn:load_gdn"
-QWEN3_MOE = Family("Qwen3-MoE", "freetoken.models.qwen3_moe:Qwen3Moe", "freetoken.models.weights:load_qwen3_moe")
-QWEN3_5_MOE = Family("Qwen3.5/3.6-MoE", GDN_MODEL, GDN_LOADER, gdn=True, gemma_norms=True, router_renormalises=True)
+QWEN3_MOE = Family("Qwen3-MoE", "freetoken.models.qwen3_moe:Qwen3Moe", "freetoken.models.weights:load_qwen3_moe",
+                   gguf="qwen3moe")
+QWEN3_5_MOE = Family("Qwen3.5/3.6-MoE", GDN_MODEL, GDN_LOADER, gdn=True, router_renormalises=True)
 
 ARCHITECTURES: dict[str, Family] = {
     "Qwen3MoeForCausalLM": QWEN3_MOE,
-    "Qwen3_5MoeForConditionalGeneration": Family(QWEN3_5_MOE.name, GDN_MODEL, GDN_LOADER, text_config=True,
-                                                 gdn=True, gemma_norms=True, router_renormalises=True),
+    "Qwen3_5MoeForConditionalGeneration": replace(QWEN3_5_MOE, text_config=True),
     "Qwen3_5MoeForCausalLM": QWEN3_5_MOE,
-    "Qwen3NextForCausalLM": Family("Qwen3-Next", GDN_MODEL, GDN_LOADER, gdn=True, gemma_norms=True),
+    "Qwen3NextForCausalLM": Family("Qwen3-Next", GDN_MODEL, GDN_LOADER, gdn=True),
 }
 
 
@@ -40,6 +40,15 @@ def family(architecture: str | None) -> Family | None:
 
 def supported() -> str:
     return ", ".join(ARCHITECTURES)
+
+
+def from_gguf(gguf_architecture: str) -> str | None:
+    """The architectures[0] a GGUF's general.architecture stands for, or None."""
+    return next((arch for arch, fam in ARCHITECTURES.items() if fam.gguf and fam.gguf == gguf_architecture), None)
+
+
+def gguf_supported() -> str:
+    return ", ".join(fam.gguf for fam in ARCHITECTURES.values() if fam.gguf)
 
 
 def model_class(architecture: str):

@@ -17,7 +17,7 @@ from freetoken.config import ModelConfig
 from freetoken.kernels._bf16 import from_f32, to_f32
 from freetoken.progress import progress
 from freetoken.models.safetensors_io import (Checkpoint, SafetensorsFile, WeightsError,  # noqa: F401
-                                      canonical_name, save_safetensors)
+                                             save_safetensors)
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,7 +43,7 @@ class ModelWeights:
     layers: tuple[LayerWeights, ...]
 
 
-# --- Qwen3-MoE loader ------------------------------------------------------------------------
+# --- loading: any family through the architecture table; the Qwen3-MoE loader ------------------
 
 def load_weights(model_dir: str | Path, cfg: ModelConfig, log=None) -> ModelWeights:
     """Load a checkpoint of any registered family into ModelWeights: uint16 when the checkpoint is

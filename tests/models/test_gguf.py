@@ -7,7 +7,9 @@ at load to fp32, exactly as gguf-py dequantizes; against transformers on the sam
 the same): logits to 2e-4, greedy tokens exact. BF16: logits to 0.5 against transformers' bf16
 compute, the argmax wherever transformers' own top-2 margin exceeds 1.0.
 """
+import dataclasses
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +72,8 @@ def test_bf16_file_matches_transformers(backend):
 
 
 def test_config_and_weights_are_the_checkpoints():
-    """The BF16 file holds the HF bf16 fixture's weights: the same config and the same arrays."""
+    """The BF16 and F32 files hold the HF fixtures' weights: the same configs, the same arrays."""
+    assert gguf_config(open_gguf(gguf("f32"))) == read_model_config(HF / "fp32")
     model = open_gguf(gguf("bf16"))
     cfg, want_cfg = gguf_config(model), read_model_config(HF / "bf16")
     assert cfg == want_cfg
@@ -102,7 +105,7 @@ def test_the_tokenizer_and_template_are_the_checkpoints():
         assert got.decode(ids, skip_special_tokens=False) == want.decode(ids, skip_special_tokens=False)
     messages = [{"role": "user", "content": "Write Python code."}]
     assert got.apply_chat_template(messages) == want.apply_chat_template(messages)
-    assert got.eos_token == want.eos_token and 2 in got.stop_token_ids
+    assert got.eos_token == want.eos_token and got.stop_token_ids == want.stop_token_ids   # <|im_end|>, <|endoftext|>
 
 
 @pytest.mark.parametrize("moe", [dict(moe_backend="fused"), dict(moe_backend="cpu"),
@@ -153,6 +156,56 @@ def test_bad_files_are_one_clear_error(tmp_path):
     llama = open_gguf(_write(tmp_path / "llama.gguf", arch="llama"))
     with pytest.raises(GGUFError, match="architecture 'llama'; FreeToken reads GGUF qwen3moe"):
         gguf_config(llama)
+
+
+def test_a_wrong_version_and_a_miscounted_split_set_are_refused(tmp_path):
+    import gguf as g
+    future = tmp_path / "future.gguf"
+    future.write_bytes(b"GGUF" + struct.pack("<I", 99) + bytes(64))
+    with pytest.raises(GGUFError, match="not a readable GGUF file"):
+        open_gguf(future)
+    w = g.GGUFWriter(str(tmp_path / "renamed.gguf"), "qwen3moe")
+    w.add_uint16("split.count", 3)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    with pytest.raises(GGUFError, match="part 1 of a split set of 3"):
+        open_gguf(tmp_path / "renamed.gguf")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: dataclasses.replace(m, tensors={k: v for k, v in m.tensors.items() if k != "blk.1.attn_q.weight"}),
+     "tensor blk.1.attn_q.weight is missing"),
+    (lambda m: dataclasses.replace(m, tensors={**m.tensors, "blk.1.attn_q.weight": m.tensors["blk.1.attn_k.weight"]}),
+     r"tensor blk.1.attn_q.weight holds \(32, 64\) values, the config implies \(64, 64\)"),
+], ids=["missing", "shape"])
+def test_a_missing_or_misshapen_tensor_is_named_before_anything_is_widened(change, message, monkeypatch):
+    from gguf import quants
+    model = open_gguf(gguf("q8_0"))
+    cfg = gguf_config(model)
+    widened = []
+    monkeypatch.setattr(quants, "dequantize", lambda *a: widened.append(a) or pytest.fail("widened first"))
+    with pytest.raises(GGUFError, match=message):
+        gguf_weights(change(model), cfg)
+    assert not widened
+
+
+@pytest.mark.parametrize("key, message", [("qwen3moe.expert_count", "metadata key qwen3moe.expert_count is missing"),
+                                          ("tokenizer.ggml.tokens", "metadata key tokenizer.ggml.tokens is missing")])
+def test_missing_metadata_is_named(key, message):
+    model = open_gguf(gguf("q8_0"))
+    broken = dataclasses.replace(model, metadata={k: v for k, v in model.metadata.items() if k != key})
+    with pytest.raises(GGUFError, match=message):
+        gguf_config(broken)
+        gguf_tokenizer(broken)
+
+
+def test_an_unknown_pre_tokenizer_is_refused_not_guessed():
+    model = open_gguf(gguf("q8_0"))
+    for pre in ("default", "llama-bpe"):
+        broken = dataclasses.replace(model, metadata={**model.metadata, "tokenizer.ggml.pre": pre})
+        with pytest.raises(GGUFError, match=f"pre-tokenizer '{pre}' is not one FreeToken knows"):
+            gguf_tokenizer(broken)
 
 
 def test_a_split_set_missing_a_part_is_named(tmp_path):
