@@ -99,7 +99,7 @@ class Kernel:
         """Runs the kernel to completion; EmuFault on a bad launch shape or a fault while it
         runs, TypeError on arguments that do not match the signature."""
         grid, block, shared_mem = _dim3(grid), _dim3(block), int(shared_mem)
-        self._check_shape(grid, block, shared_mem)
+        self.check_shape(grid, block, shared_mem)
         slots, params = self._pack(list(args))
         lo, hi = self._module.static_shared
         la = dc._LaunchArgs(self._fn, ctypes.addressof(params), grid, block, shared_mem, lo, hi,
@@ -113,7 +113,7 @@ class Kernel:
     def _fault(self, message: str):
         return dc.EmuFault(f"kernel {self.name}: {message}", kernel=self.name)
 
-    def _check_shape(self, grid, block, shared_mem: int) -> None:
+    def check_shape(self, grid, block, shared_mem: int) -> None:
         shape = f"grid {grid}, block {block}"
         if min(grid + block) < 1:
             raise self._fault(f"invalid launch: a zero or negative dimension ({shape})")

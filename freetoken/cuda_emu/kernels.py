@@ -66,6 +66,7 @@ class RawKernel:
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None, enable_cooperative_groups=False):
         global launches
         grid, block = _dim3(grid), _dim3(block)
+        self._kernel.check_shape(grid, block, int(shared_mem))   # as CUDA: a bad shape fails at the launch
         values = [a.data.ptr if isinstance(a, ndarray) else a for a in args]
         arrays = [a if isinstance(a, ndarray) else None for a in args]   # alive until it runs
         if any(isinstance(a, np.ndarray) for a in args):

@@ -146,3 +146,18 @@ def test_an_out_of_bounds_read_names_the_allocation(cp):
     with pytest.raises(EmuFault, match=r"double_it.*32-byte device allocation \(float32\[8\] "
                                        r"allocated at test_standin.py"):
         cp.cuda.Device().synchronize()
+
+
+def test_a_bad_launch_shape_fails_at_the_launch_as_on_a_device(cp):
+    """CUDA refuses a zero grid (or a block over the limits) when the launch is made, not at a
+    later synchronize; so does the emulated RawKernel, and nothing is enqueued or counted."""
+    from freetoken.cuda_emu import kernels
+    from freetoken.cuda_emu.device_code import EmuFault
+    kern = cp.RawModule(code=DOUBLE).get_function("double_it")
+    x, y = cp.zeros(8, cp.float32), cp.zeros(8, cp.float32)
+    before = kernels.launches
+    with pytest.raises(EmuFault, match="zero or negative dimension"):
+        kern((0,), (32,), (x, y, np.int32(0)))
+    with pytest.raises(EmuFault, match="exceeds the device limits"):
+        kern((1,), (2048,), (x, y, np.int32(8)))
+    assert kernels.launches == before
