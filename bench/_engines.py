@@ -32,6 +32,7 @@ class FreeTokenRuns:
     name = "freetoken"
 
     def __init__(self, hf: Path, threads: int, max_len: int, timeout: float):
+        """hf: the model FreeToken reads, a HF directory or a GGUF file."""
         self.hf, self.threads, self.max_len, self.timeout = hf, threads, max_len, timeout
         self.env = child_env(threads)
 
@@ -48,7 +49,8 @@ class FreeTokenRuns:
         return run, float(m.group(3)), float(m.group(4))
 
     def startup(self, text: str, tokens: int) -> dict:
-        read_through(sorted(self.hf.glob("*.safetensors")))    # "warm page cache" made true
+        files = [self.hf] if self.hf.is_file() else sorted(self.hf.glob("*.safetensors"))
+        read_through(files)                                     # "warm page cache" made true
         return _startup_numbers(self._run(text, STARTUP_DECODE, tokens)[0])
 
     def decode(self, text: str, tokens: int, n: int) -> dict:

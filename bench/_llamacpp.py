@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SDIST = "llama_cpp_python"
-TARGETS = ("llama-bench", "llama-completion")
+TARGETS = ("llama-bench", "llama-completion", "llama-quantize")
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
                "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
@@ -30,6 +30,7 @@ class LlamaCpp:
     completion: Path          # llama-completion (llama-cli before the two were split)
     converter: Path           # convert_hf_to_gguf.py of the same source
     info: dict                # where it came from: sdist version, commit, cmake flags
+    quantizer: Path | None = None   # llama-quantize (--quant); builds before it was a target lack it
 
 
 def locate(build_dir: str | None, cache: Path, jobs: int, log=print) -> LlamaCpp:
@@ -59,7 +60,7 @@ def _found(root: Path, info: dict, src: Path | None = None) -> LlamaCpp | None:
     converter = first(["convert_hf_to_gguf.py"], [src] if src else [root, *root.parents[:3], _vendored(root.parent)])
     if not (bench and completion and converter):
         return None
-    return LlamaCpp(bench, completion, converter, info)
+    return LlamaCpp(bench, completion, converter, info, first(["llama-quantize"], bins))
 
 
 def _missing(root: Path):
@@ -155,6 +156,20 @@ def convert(lc: LlamaCpp, hf_dir: Path, out: Path, python: str, pre_tokenizer: s
     subprocess.run([python, "-c", _SHIM, lc.converter, pre_tokenizer, hf_dir, "--outtype", "bf16",
                     "--outfile", partial], check=True, stdout=subprocess.DEVNULL)
     partial.rename(out)           # only a finished file carries the final name
+    return out
+
+
+def quantize(lc: LlamaCpp, src: Path, qtype: str, threads: int, log=print) -> Path:
+    """src (a bf16 GGUF) quantized by llama-quantize to qtype (Q8_0, Q4_K_M, ...) beside it, once."""
+    out = src.with_name(f"model-{qtype.lower()}.gguf")
+    if out.is_file():
+        return out
+    if lc.quantizer is None:
+        raise SystemExit(f"--quant needs llama-quantize beside {lc.bench} (build its llama-quantize target)")
+    log(f"# quantizing {src.name} to {out.name} with {lc.quantizer}")
+    partial = out.with_suffix(".partial")
+    subprocess.run([lc.quantizer, src, partial, qtype, str(threads)], check=True, stdout=subprocess.DEVNULL)
+    partial.rename(out)
     return out
 
 

@@ -2,7 +2,7 @@
 Pairs: docs/performance.md, bench/_engines.py (the runs), bench/_llamacpp.py (build, convert, command
 lines), bench/_child.py (timing), bench/_compare_report.py (table), freetoken/models/synth_export.py.
 
-    python bench/compare_llamacpp.py [--model DIR | --synth medium] [--llama-cpp BUILD_DIR]
+    python bench/compare_llamacpp.py [--model DIR | --synth medium] [--quant Q4_K_M] [--llama-cpp BUILD_DIR]
         [--convert-python PY] [--threads 2] [--rounds 3] [--contexts 64,2048,4096] [--decode 64]
         [--prefill 512,4096] [--hog-contexts 64] [--out bench/results/compare_llamacpp.json]
 
@@ -11,7 +11,8 @@ FREETOKEN_HOME/compare_llamacpp/. llama.cpp: --llama-cpp, else the source vendor
 llama-cpp-python sdist, built once under FREETOKEN_HOME/llama.cpp/ (Release, GGML_NATIVE). The
 checkpoint is converted once to a bf16 GGUF by llama.cpp's own convert_hf_to_gguf.py, run by
 --convert-python (it imports torch); a tokenizer hash it does not know gets --pre-tokenizer
-(gpt-2: our byte-level BPE splits with the GPT-2 regex).
+(gpt-2: our byte-level BPE splits with the GPT-2 regex). FreeToken reads the HF directory; with
+--quant TYPE both engines read one file, the bf16 GGUF quantized once by llama.cpp's llama-quantize.
 
 Every run is its own process: --threads threads, batch 1, greedy. Within a round the engines
 alternate run by run (who goes first swaps each round), after one warm-up run of each (numba
@@ -65,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     src.add_argument("--synth", help="a synthetic model spec, e.g. medium or qwen3-30b-a3b,layers=12 (default: medium)")
     ap.add_argument("--llama-cpp", help="a llama.cpp build dir (llama-bench, llama-completion; convert_hf_to_gguf.py "
                                         "in it or above); default: build the llama-cpp-python sdist's once")
+    ap.add_argument("--quant", help="quantize the GGUF with llama-quantize (Q8_0, Q4_K_M, ...) and run both engines on it")
     ap.add_argument("--convert-python", default=sys.executable, help="python that runs llama.cpp's converter (needs torch)")
     ap.add_argument("--pre-tokenizer", default="gpt-2", help="GGUF pre-tokenizer for a tokenizer hash llama.cpp does not know")
     ap.add_argument("--threads", type=int, default=2)
@@ -178,10 +180,12 @@ def setup(args):
     lc = llamacpp.locate(args.llama_cpp, home() / "llama.cpp", args.jobs)
     hf, where = prepare_model(args, home() / "compare_llamacpp")
     gguf = llamacpp.convert(lc, hf, where / "model-bf16.gguf", args.convert_python, args.pre_tokenizer)
+    if args.quant:
+        gguf = llamacpp.quantize(lc, gguf, args.quant, args.threads)
     # one context length for every run of both engines, so their KV reservations match
     max_len = max(max(args.contexts, default=0) + args.decode, max(args.prefill, default=0) + 1,
                   STARTUP_TOKENS + max(args.check_tokens, STARTUP_DECODE)) + 16
-    engines = [FreeTokenRuns(hf, args.threads, max_len, args.timeout),
+    engines = [FreeTokenRuns(gguf if args.quant else hf, args.threads, max_len, args.timeout),
                LlamaCppRuns(lc, gguf, args.threads, max_len, args.timeout)]
     return engines, hf, gguf, max_len
 
@@ -191,10 +195,10 @@ def main(argv=None) -> int:
     engines, hf, gguf, max_len = setup(args)
     words, rng = prompt_words(hf), random.Random(args.seed)
     info = machine()
-    ckpt = sum(p.stat().st_size for p in hf.glob("*.safetensors"))
+    ckpt = gguf.stat().st_size if args.quant else sum(p.stat().st_size for p in hf.glob("*.safetensors"))
     lc = engines[1].lc
     print(f"# {info['cpu']['model']}, {info['cores']} cores, {args.threads} threads, {info['date_utc']} UTC; "
-          f"{args.model or 'synth:' + args.synth} ({ckpt / 1e9:.2f} GB checkpoint); llama.cpp "
+          f"{args.model or 'synth:' + args.synth}{' ' + args.quant if args.quant else ''} ({ckpt / 1e9:.2f} GB checkpoint); llama.cpp "
           f"{lc.info.get('commit', lc.info.get('source'))}", flush=True)
     warm = warm_up(engines, words, rng)
     check = greedy_check(engines, words, args.check_tokens, rng) if args.check_tokens else None

@@ -27,3 +27,11 @@ def sigmoid(a):
 def silu(a):
     """a * sigmoid(a)."""
     return a * sigmoid(a)
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def silu_mul(g, u):
+    """silu(g) * u of the experts ops (experts, experts_quant) with np.exp: their numbers since
+    before the vectorizing exp, which their per-row loops would not gain from. The clamp keeps
+    exp finite: fastmath assumes no infinities."""
+    return g / (_ONE + np.exp(min(-g, np.float32(80.0)))) * u

@@ -9,8 +9,10 @@ import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._blas_pool import run_items
+from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, weight_rows
 from freetoken.kernels.linear import dot_rows2, rows_block4, widen_rows
+from freetoken.kernels.qblocks import dequantize_ref, is_quantized, logical_shape
 
 ROWS = 32            # rows per parallel work item: amortises per-item costs, >= 8 items per thread
 BLAS_MIN_PAIRS = 32  # from this many tokens per expert (mean), widen experts once and use BLAS
@@ -21,19 +23,26 @@ def _silu(g):
         return g / (np.float32(1.0) + np.exp(-g))
 
 
+def _expert_f32(w, e):
+    """Expert e's weights in fp32: bf16 widened, or quantized blocks dequantized as gguf-py does
+    (kernels/qblocks.py: the spec of every quantized kernel)."""
+    return dequantize_ref(w[e]) if is_quantized(w) else to_f32(w[e])
+
+
 def ref(x, ids, weights, gate_up, down, out=None):
-    """x f32[T,H], ids int32[T,k], weights f32[T,k], gate_up [S,2I,H], down [S,H,I] -> f32[T,H]."""
+    """x f32[T,H], ids int32[T,k], weights f32[T,k], gate_up [S,2I,H], down [S,H,I] -> f32[T,H]
+    (quantized banks: [S,2I,H/V,B], [S,H,I/V,B], kernels/qblocks.py)."""
     T, H = x.shape
-    I = down.shape[2]
+    I = logical_shape(down)[2]
     res = np.zeros((T, H), np.float32)
     for t in range(T):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
             if e < 0:
                 continue
-            h = to_f32(gate_up[e]) @ x[t]                      # [2I]
+            h = _expert_f32(gate_up, e) @ x[t]                 # [2I]
             act = _silu(h[:I]) * h[I:]                         # [I], fp32, not rounded
-            res[t] += np.float32(weights[t, j]) * (to_f32(down[e]) @ act)
+            res[t] += np.float32(weights[t, j]) * (_expert_f32(down, e) @ act)
     if out is None:
         return res
     out[...] = res
@@ -85,12 +94,6 @@ def _plan(ids, weights, n_slots):
     return uniq, offs, ptok, pw
 
 
-@njit(**SERIAL)
-def _silu_mul(g, u):
-    # the clamp keeps exp finite: fastmath assumes no infinities
-    return g / (np.float32(1.0) + np.exp(min(-g, np.float32(80.0)))) * u
-
-
 @njit(**HOT)
 def _gate_up(xs, gate_up, uniq, offs, ptok, act):
     """act[p] = silu(g) * u for every pair p; xs f32[T,L,H/L], act f32[P,Ld,I/Ld] (layouts of
@@ -108,7 +111,7 @@ def _gate_up(xs, gate_up, uniq, offs, ptok, act):
             dots(xs, toks, gate_up[uniq[u], i], g)
             dots(xs, toks, gate_up[uniq[u], I + i], v)
             for j in range(toks.shape[0]):
-                act[offs[u] + j, i % Ld, i // Ld] = _silu_mul(g[j], v[j])
+                act[offs[u] + j, i % Ld, i // Ld] = silu_mul(g[j], v[j])
 
 
 @njit(**HOT)
@@ -146,7 +149,7 @@ def _gate_up_pairs(xs, gate_up, uniq, offs, ptok, act):
             for j in range(n4, n):
                 g[j], v[j] = dot_rows2(xs[toks[j]], w[i], w[I + i])
             for j in range(n):
-                act[offs[u] + j, i % 2, i // 2] = _silu_mul(g[j], v[j])
+                act[offs[u] + j, i % 2, i // 2] = silu_mul(g[j], v[j])
 
 
 @njit(**HOT)
@@ -200,11 +203,11 @@ def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
     thread's fp32 buffers, two single-threaded GEMMs, the weighted rows added into the thread's
     own sum (no two threads write one array); the sums are added at the end. Biggest groups
     first, so the last items are short."""
-    I = down.shape[2]
+    I = logical_shape(down)[2]
 
     def scratch():
-        return (np.zeros(out.shape, np.float32), np.empty(gate_up.shape[1:], np.float32),
-                np.empty(down.shape[1:], np.float32))             # sum [T,H], [2I,H], [H,I]
+        return (np.zeros(out.shape, np.float32), np.empty(logical_shape(gate_up)[1:], np.float32),
+                np.empty(logical_shape(down)[1:], np.float32))    # sum [T,H], [2I,H], [H,I]
 
     def one_expert(u, st):
         # weights on the left: OpenBLAS runs [M,K]@[K,n] 25% faster than [n,K]@[K,M] for the
@@ -224,21 +227,33 @@ def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
 
 
 def _as_f32(w, buf):
-    return w if w.dtype == np.float32 else widen_rows(w, buf)
+    if w.dtype == np.float32:
+        return w
+    if w.ndim == 3:                   # one expert's quantized rows [R, H/V, B]
+        from freetoken.kernels.experts_quant import dequant_expert
+        return dequant_expert(w, buf)
+    return widen_rows(w, buf)
 
 
 def cpu(x, ids, weights, gate_up, down, out=None):
     """Same contract as ``ref``; numba GEMVs for few tokens per expert, BLAS for many."""
     x = np.ascontiguousarray(x, np.float32)
     T, H = x.shape
-    assert gate_up.shape[2] == H and down.shape[1] == H and gate_up.shape[1] == 2 * down.shape[2]
-    assert gate_up.flags.c_contiguous and down.flags.c_contiguous and gate_up.dtype == down.dtype
+    (S, two_i, Hg), (_, Hd, I) = logical_shape(gate_up), logical_shape(down)
+    assert Hg == H and Hd == H and two_i == 2 * I and gate_up.dtype == down.dtype
+    quantized = is_quantized(gate_up)
+    assert quantized or (gate_up.flags.c_contiguous and down.flags.c_contiguous)
     if out is None:
         out = np.empty((T, H), np.float32)
-    plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32),
-                 gate_up.shape[0])
-    many = plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0])
-    return (_blas if many else _gemv)(x, gate_up, down, *plan, out)
+    plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32), S)
+    if plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0]):
+        return _blas(x, gate_up, down, *plan, out)
+    if quantized:
+        from freetoken.kernels.experts_quant import gemv
+        y = gemv(x, gate_up, down, *plan[:3], np.empty((H, plan[2].shape[0]), np.float32))
+        _combine(y, plan[2], plan[3], out)
+        return out
+    return _gemv(x, gate_up, down, *plan, out)
 
 
 # --- gpu (cuda/experts.cu) ----------------------------------------------------------------------

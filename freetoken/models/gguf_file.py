@@ -29,6 +29,7 @@ class GGUFTensor:
     shape: tuple[int, ...]    # numpy order (rows last-varying): the reverse of GGUF's ne
     data: object              # the raw blocks or values, a view of the memory map
     file: Path
+    offset: int = 0           # where data starts in `file`
 
 
 @dataclass(frozen=True)
@@ -130,4 +131,4 @@ def _tensor(t, path: Path) -> GGUFTensor:
     if type_name not in SUPPORTED_TYPES:
         raise GGUFError(f"{path}: tensor {t.name} is {type_name}; FreeToken reads {', '.join(SUPPORTED_TYPES)}")
     shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-    return GGUFTensor(t.name, type_name, shape, t.data, path)
+    return GGUFTensor(t.name, type_name, shape, t.data, path, int(t.data_offset))

@@ -56,14 +56,29 @@ def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
     layout = expected_tensors(cfg)
     _check_tensors(model, layout)
     read = _Reader(model, np.dtype(np.uint16) if model.bf16 else np.dtype(np.float32), layout)
+    widen_why = experts_stay_quantized(model, cfg) if cfg.moe_layers else "no MoE layers"
+    read.quantized_experts = not widen_why
+    if log is not None and cfg.moe_layers:
+        types = "/".join(sorted(_expert_types(model, cfg)))
+        log.info("GGUF experts %s", f"({types}) loaded as {read.dtype.name.replace('uint16', 'bf16')}: {widen_why}"
+                 if widen_why else f"kept in the file's blocks ({types})")
     embed = read("token_embd.weight")
     lm_head = embed if cfg.tie_word_embeddings else read("output.weight")
     layers = load_layers(lambda i: _layer(read, cfg, i), cfg.num_layers)
-    widened = {t.type_name for t in model.tensors.values()} - {"F32", "BF16"}
+    kept = {n for i in cfg.moe_layers for n in _expert_names(i)} if read.quantized_experts else set()
+    widened = {t.type_name for n, t in model.tensors.items() if n not in kept} - {"F32", "BF16"}
     if log is not None and widened:
         log.info("GGUF %s tensors widened to %s at load: %s in memory for a %s file", "/".join(sorted(widened)),
                  "bf16" if model.bf16 else "f32", _size(read.nbytes), _size(sum(t.data.nbytes for t in model.tensors.values())))
     return ModelWeights(embed=embed, final_norm=read("output_norm.weight"), lm_head=lm_head, layers=layers)
+
+
+def _expert_names(i: int) -> tuple[str, ...]:
+    return tuple(f"blk.{i}.ffn_{n}_exps.weight" for n in ("gate", "up", "down"))
+
+
+def _expert_types(model: GGUFModel, cfg: ModelConfig) -> set[str]:
+    return {model.tensors[n].type_name for i in cfg.moe_layers for n in _expert_names(i)}
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -111,6 +126,7 @@ class _Reader:
 
     def __init__(self, model: GGUFModel, dtype: np.dtype, layout: dict):
         self.model, self.dtype, self.layout, self.nbytes = model, dtype, layout, 0
+        self.quantized_experts = False      # gguf_weights: the routed experts stay in their blocks
 
     def __call__(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         from gguf import GGMLQuantizationType, quants
@@ -136,8 +152,11 @@ def _layer(read: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
     if cfg.is_moe_layer(i):
         E, I = cfg.num_experts, cfg.moe_intermediate_size
         router = read(p + "ffn_gate_inp.weight")
-        gate_up = _stacked(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
-        down = read(p + "ffn_down_exps.weight")
+        if read.quantized_experts:
+            gate_up, down = _quantized_banks(read, p, E, I)
+        else:
+            gate_up = _stacked(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
+            down = read(p + "ffn_down_exps.weight")
     else:
         I = cfg.intermediate_size
         router = None
@@ -146,6 +165,44 @@ def _layer(read: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
     return LayerWeights(input_norm=read(p + "attn_norm.weight"), post_norm=read(p + "ffn_norm.weight"),
                         qkv=qkv, o_proj=read(p + "attn_output.weight"), q_norm=read(p + "attn_q_norm.weight"),
                         k_norm=read(p + "attn_k_norm.weight"), router=router, gate_up=gate_up, down=down)
+
+
+def _quantized_banks(read: _Reader, p: str, E: int, I: int) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's experts in the file's blocks (kernels/qblocks.py), read from the file straight
+    into their arrays (no pass through the memory map, so no page-cache copy counts as ours):
+    gate_up uint8[E, 2I, H/V, B] (each expert's gate rows, then its up rows), down [E, H, I/V, B]."""
+    from freetoken.models.safetensors_io import read_spans
+    gate, up, down = (read.model.tensors[f"{p}ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    gate_up, dn = np.empty((E, 2 * I) + _blocks(gate), np.uint8), np.empty(down.shape[:2] + _blocks(down), np.uint8)
+    per_expert = gate_up[0, :I].nbytes
+    read_spans(down.file, [(down.offset, dn)])
+    for t, rows in ((gate, slice(0, I)), (up, slice(I, 2 * I))):
+        read_spans(t.file, [(t.offset + e * per_expert, gate_up[e, rows]) for e in range(E)])
+    read.nbytes += gate_up.nbytes + dn.nbytes
+    return gate_up, dn
+
+
+def _blocks(t) -> tuple[int, int]:
+    """(blocks per row, bytes per block) of a quantized tensor."""
+    from freetoken.kernels.qblocks import format_of_ggml
+    from gguf import GGMLQuantizationType
+    nbytes = format_of_ggml(int(GGMLQuantizationType[t.type_name])).nbytes
+    return t.data.shape[-1] // nbytes, nbytes
+
+
+def experts_stay_quantized(model: GGUFModel, cfg: ModelConfig) -> str:
+    """Why the routed experts are widened at load, or "" when they stay in the file's blocks:
+    every expert tensor is of a block format the kernels read (kernels/qblocks.py) and each
+    layer's gate and up share one (they are stacked into one bank)."""
+    from freetoken.kernels.qblocks import FORMATS
+    names = {f.name.upper() for f in FORMATS}
+    for i in cfg.moe_layers:
+        gate, up, down = (model.tensors[f"blk.{i}.ffn_{n}_exps.weight"].type_name for n in ("gate", "up", "down"))
+        if not {gate, up, down} <= names:
+            return f"layer {i}'s experts are {gate}/{up}/{down}, not all block formats"
+        if gate != up:
+            return f"layer {i}'s gate experts are {gate} and its up experts {up}"
+    return ""
 
 
 def _stacked(read: _Reader, names: list[str], shape: tuple[int, ...], axis: int) -> np.ndarray:

@@ -86,35 +86,42 @@ class SafetensorsFile:
 
     def read_runs(self, spans: list[tuple[int, np.ndarray]]) -> None:
         """(file offset, C-contiguous array) pairs read in: adjacent spans share a read."""
-        spans = sorted(spans, key=lambda s: s[0])
-        with open(self.path, "rb", buffering=0) as f:
-            run, run_at, end = [], 0, -1
-            for offset, dest in spans:
-                view = memoryview(dest.reshape(-1).view(np.uint8))
-                if offset != end or not _SCATTER:
-                    self._read_run(f, run, run_at)
-                    run, run_at = [], offset
-                run.append(view)
-                end = offset + len(view)
-            self._read_run(f, run, run_at)
+        read_spans(self.path, spans)
 
-    def _read_run(self, f, views: list, offset: int) -> None:
-        """Fill views in order from the file bytes at offset; a read may return less than asked
-        (Linux caps one near 2 GiB), so go on from where it stopped."""
-        views, i = [v for v in views if len(v)], 0
-        while i < len(views):
-            if _SCATTER:
-                got = os.preadv(f.fileno(), views[i:i + _IOV_MAX], offset)
-            else:
-                f.seek(offset)
-                got = f.readinto(views[i])
-            if not got:
-                raise WeightsError(f"{self.path}: file ended {sum(map(len, views[i:]))} bytes early")
-            offset += got
-            while got and i < len(views):
-                take = min(got, len(views[i]))
-                views[i], got = views[i][take:], got - take
-                i += not len(views[i])
+
+def read_spans(path, spans: list[tuple[int, np.ndarray]]) -> None:
+    """(file offset, C-contiguous array) pairs of `path` read straight into the arrays; spans next
+    to each other in the file share one scattered read (os.preadv), which releases the GIL."""
+    spans = sorted(spans, key=lambda s: s[0])
+    with open(path, "rb", buffering=0) as f:
+        run, run_at, end = [], 0, -1
+        for offset, dest in spans:
+            view = memoryview(dest.reshape(-1).view(np.uint8))
+            if offset != end or not _SCATTER:
+                _read_run(path, f, run, run_at)
+                run, run_at = [], offset
+            run.append(view)
+            end = offset + len(view)
+        _read_run(path, f, run, run_at)
+
+
+def _read_run(path, f, views: list, offset: int) -> None:
+    """Fill views in order from the file bytes at offset; a read may return less than asked
+    (Linux caps one near 2 GiB), so go on from where it stopped."""
+    views, i = [v for v in views if len(v)], 0
+    while i < len(views):
+        if _SCATTER:
+            got = os.preadv(f.fileno(), views[i:i + _IOV_MAX], offset)
+        else:
+            f.seek(offset)
+            got = f.readinto(views[i])
+        if not got:
+            raise WeightsError(f"{path}: file ended {sum(map(len, views[i:]))} bytes early")
+        offset += got
+        while got and i < len(views):
+            take = min(got, len(views[i]))
+            views[i], got = views[i][take:], got - take
+            i += not len(views[i])
 
 
 class Checkpoint:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.log import Log
+from freetoken.kernels.qblocks import logical_shape
 from freetoken.moe.pool import Bank, check_banks
 from freetoken.progress import progress
 from freetoken.cupy_loader import cupy as load_cupy
@@ -99,8 +100,8 @@ def pin_host_pool(banks, log=None, *, desc: str = "pinning host experts") -> Hos
 def _as_banks(banks) -> list[Bank]:
     out = [b if isinstance(b, Bank) else Bank(*b) for b in banks]
     if out:
-        gu = out[0].gate_up
-        check_banks([(b.gate_up, b.down) for b in out], gu.shape[0], gu.shape[2], gu.shape[1] // 2)
+        E, two_i, H = logical_shape(out[0].gate_up)
+        check_banks([(b.gate_up, b.down) for b in out], E, H, two_i // 2)
     return out
 
 

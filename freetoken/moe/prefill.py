@@ -44,11 +44,12 @@ def overlap_ok(num_slots: int, num_experts: int, disabled: bool, log=None) -> bo
 
 class PrefillStreamer:
     """Runs prefill MoE layers from the slot pool. dev: moe/device.py; res: its residency state;
-    pool: (gate_up [S,2I,H], down [S,H,I]) device arrays; host: HostPool."""
+    slots(j): the pool as layer j reads it, (gate_up [S,2I,H], down [S,H,I]) device arrays
+    (MoERuntime.slots); host: HostPool."""
 
-    def __init__(self, dev, res, pool, host, overlap: bool):
-        self.dev, self.res, self.pool, self.host = dev, res, pool, host
-        self.E, self.L, self.S = res.E, host.num_layers, pool[0].shape[0]
+    def __init__(self, dev, res, slots, host, overlap: bool):
+        self.dev, self.res, self.slots, self.host = dev, res, slots, host
+        self.E, self.L, self.S = res.E, host.num_layers, slots(0)[0].shape[0]
         self.overlap = overlap and self.S >= 2 * self.E
         self.group = min(self.S, self.E)
         self._begin_ev = dev.event()
@@ -73,8 +74,8 @@ class PrefillStreamer:
         if j + 1 < self.L:
             self._prefetch(j + 1)        # overlaps this layer's compute
         self.dev.wait(self._ready[b])
-        lo = b * self.E
-        out = experts_op(x, ids, weights, self.pool[0][lo:lo + self.E], self.pool[1][lo:lo + self.E])
+        lo, (gate_up, down) = b * self.E, self.slots(j)
+        out = experts_op(x, ids, weights, gate_up[lo:lo + self.E], down[lo:lo + self.E])
         self.dev.record(self._release[b])
         self._next = j + 1
         return out
@@ -91,7 +92,7 @@ class PrefillStreamer:
             return
         self.dev.wait(self._release[b], on_copy=True)   # the layer that read this buffer is done
         with self.dev.copy_stream():
-            self.res.load_layer(layer, 0, self.E, self.dev.host_views(self.host, layer), self.pool,
+            self.res.load_layer(layer, 0, self.E, self.dev.host_views(self.host, layer), self.slots(layer),
                                 dst0=b * self.E, keep_lo=2 * self.E)
         self.dev.record(self._ready[b], on_copy=True)
         self._loaded[b] = layer
@@ -99,15 +100,15 @@ class PrefillStreamer:
 
     def _materialised(self, j: int, x, ids, weights, experts_op):
         xp, G, out = self.dev.xp, self.group, None
-        host = self.dev.host_views(self.host, j)
+        host, (gate_up, down) = self.dev.host_views(self.host, j), self.slots(j)
         for first in range(0, self.E, G):
             n = min(G, self.E - first)
             self.res.invalidate(0, n)
-            self.res.load_layer(j, first, n, host, self.pool, dst0=0, keep_lo=n)
+            self.res.load_layer(j, first, n, host, (gate_up, down), dst0=0, keep_lo=n)
             self.loads += 1
             local = ids if n == self.E else xp.where((ids >= first) & (ids < first + n),
                                                      ids - first, -1).astype(np.int32)
-            part = experts_op(x, local, weights, self.pool[0][:n], self.pool[1][:n])
+            part = experts_op(x, local, weights, gate_up[:n], down[:n])
             out = part if out is None else out + part
         self._next = j + 1
         return out

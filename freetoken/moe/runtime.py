@@ -39,7 +39,7 @@ from freetoken.config import ConfigError, ModelConfig
 from freetoken.moe.cpu_branch import HANDOFF_MODE, make_cpu_branch
 from freetoken.moe.device import HostDevice
 from freetoken.moe.host_pool import HostPool, pin_host_pool
-from freetoken.moe.pool import Bank, check_banks
+from freetoken.moe.pool import Bank, check_banks, slot_pool, slot_views
 from freetoken.log import Log
 from freetoken.moe.prefill import PrefillStreamer, overlap_ok, prefill_as_decode
 from freetoken.moe.residency import COUNTERS
@@ -94,16 +94,19 @@ class MoERuntime:
 
     def _allocate(self, num_slots: int) -> None:
         """Slot pool (zeroed, so a slot read before its first fill holds no NaN), residency state, prefill streamer for num_slots."""
-        S, xp, like = self._pool_slots(num_slots), self.dev.xp, self.host.banks[0]
+        S = self._pool_slots(num_slots)
         self.num_slots = num_slots if self.cached else 0
         self.res = self.dev.residency(self.L, self.E, max(S, 1))   # S = 0: counters only
         self.pool, self.streamer = None, None
         if S:
-            self.pool = (xp.zeros((S,) + like.gate_up.shape[1:], like.gate_up.dtype),
-                         xp.zeros((S,) + like.down.shape[1:], like.down.dtype))
+            self.pool = slot_pool(self.dev.xp, S, self.host.banks)
         if S and self.resident is None:
             overlap = overlap_ok(S, self.E, self._disable_overlap, self._log)
-            self.streamer = PrefillStreamer(self.dev, self.res, self.pool, self.host, overlap)
+            self.streamer = PrefillStreamer(self.dev, self.res, self.slots, self.host, overlap)
+
+    def slots(self, j: int) -> tuple:
+        """The slot pool as MoE layer j reads it (pool.slot_views: the pool itself unless quantized)."""
+        return slot_views(self.pool, self.host.banks[j])
 
     def forward(self, j: int, x, ids, weights, prefill: bool = False):
         """MoE layer j: x f32[T,H], ids int32[T,k] (not modified), weights f32[T,k] -> f32[T,H]."""
@@ -148,7 +151,7 @@ class MoERuntime:
         out = None
         try:
             self._fill(j)
-            out = self._experts(x, slots, weights, self.pool[0], self.pool[1])
+            out = self._experts(x, slots, weights, *self.slots(j))
         finally:
             if job is not None:                        # never leave a CPU job in flight
                 self.branch.finish(job, out)
@@ -160,7 +163,7 @@ class MoERuntime:
         dev = self.dev
         dev.wait(self._planned, on_copy=True)
         with dev.copy_stream():
-            self.res.fill(dev.host_views(self.host, j), self.pool)
+            self.res.fill(dev.host_views(self.host, j), self.slots(j))
         dev.record(self._filled, on_copy=True)
         dev.wait(self._filled)
 
@@ -240,6 +243,8 @@ def host_pool_for(cfg: ModelConfig, banks, plan: MoEPlan, dev, log=None) -> Host
     host, raw = _host_banks(cfg, banks)
     if host is not None:
         return host
+    if raw[0].quantized and not dev.host_memory:
+        raw = widened_banks(raw, log)
     pin = plan.backend != "fused" and dev.needs_pinning
     return pin_host_pool(raw, log) if pin else HostPool.pageable(raw)
 
@@ -266,6 +271,17 @@ def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, d
                      disable_overlap=plan.disable_prefill_overlap)
     moe.prefill_decode_tokens = plan.prefill_decode_tokens
     return moe
+
+
+def widened_banks(banks: list[Bank], log=None) -> list[Bank]:
+    """Quantized banks as f32 (kernels/qblocks.py's spec), for a device whose experts op reads dense
+    weights only (the CUDA one, for now); one line says what it costs."""
+    from freetoken.kernels.qblocks import dequantize_ref
+    out = [Bank(dequantize_ref(b.gate_up), dequantize_ref(b.down)) for b in banks]
+    Log(log).info(f"quantized experts widened to f32 for {len(banks)} layers: the CUDA experts op reads "
+                  f"dense weights only ({sum(b.gate_up.nbytes + b.down.nbytes for b in out) / 2**30:.2f} GiB "
+                  f"host memory for {sum(b.gate_up.nbytes + b.down.nbytes for b in banks) / 2**30:.2f} GiB of blocks)")
+    return out
 
 
 def _resident(backend: str, host: HostPool, dev) -> list[tuple] | None:

@@ -85,15 +85,29 @@ def test_config_and_weights_are_the_checkpoints():
             assert x.dtype == y.dtype == np.uint16 and np.array_equal(x, y), name
 
 
-def test_q8_0_weights_are_gguf_py_dequantized_in_fp32():
+def test_q8_0_weights_are_gguf_py_dequantized_in_fp32_and_experts_keep_the_files_blocks():
     from gguf import GGMLQuantizationType, quants
+    from freetoken.kernels.qblocks import dequantize_ref, format_of
     model = open_gguf(gguf("q8_0"))
-    t = model.tensors["blk.0.ffn_gate_exps.weight"]
-    assert t.type_name == "Q8_0"
     w = gguf_weights(model, gguf_config(model))
-    gate = quants.dequantize(t.data, GGMLQuantizationType.Q8_0)
-    I = gate.shape[1]
-    assert w.layers[0].gate_up.dtype == np.float32 and np.array_equal(w.layers[0].gate_up[:, :I], gate)
+    t = model.tensors["blk.0.attn_q.weight"]
+    assert t.type_name == "Q8_0" and w.layers[0].qkv.dtype == np.float32
+    assert np.array_equal(w.layers[0].qkv[:t.shape[0]], quants.dequantize(t.data, GGMLQuantizationType.Q8_0))
+    gate, up, down = (model.tensors[f"blk.0.ffn_{n}_exps.weight"].data for n in ("gate", "up", "down"))
+    gate_up, I = w.layers[0].gate_up, gate.shape[1]
+    assert format_of(gate_up).name == "q8_0" and gate_up.shape[:2] == (gate.shape[0], 2 * I)
+    assert np.array_equal(gate_up[:, :I].reshape(gate.shape), gate)        # the file's bytes, as stored
+    assert np.array_equal(gate_up[:, I:].reshape(up.shape), up)
+    assert np.array_equal(w.layers[0].down.reshape(down.shape), down)
+    assert np.array_equal(dequantize_ref(gate_up)[:, :I], quants.dequantize(gate, GGMLQuantizationType.Q8_0))
+
+
+def test_q4_k_m_keeps_each_layers_own_block_formats():
+    from freetoken.kernels.qblocks import format_of
+    model = open_gguf(GGUF / "qwen3moe_256-q4_k_m.gguf")
+    w = gguf_weights(model, gguf_config(model))
+    assert [(format_of(lw.gate_up).name, format_of(lw.down).name) for lw in w.layers] == [("q4_k", "q4_k"),
+                                                                                            ("q4_k", "q6_k")]
 
 
 def test_the_tokenizer_and_template_are_the_checkpoints():
@@ -112,12 +126,15 @@ def test_the_tokenizer_and_template_are_the_checkpoints():
                                  dict(moe_backend="offload", moe_cache_rate=0.5),
                                  dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3)],
                          ids=lambda o: o["moe_backend"])
-def test_every_moe_backend_gives_the_same_tokens(moe):
-    exp = np.load(GGUF / "qwen3moe_norm-q8_0.expected.npz")
-    prompt = exp["prompt_ids"].tolist()
-    want = LLM(str(gguf("q8_0")), backend="cpu", moe_backend="fused").generate(
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k_m"])
+def test_every_moe_backend_gives_the_same_tokens(moe, kind):
+    """The expert cache over quantized banks; Q4_K_M's layers differ in their down format (Q4_K,
+    Q6_K), so the slots hold raw bytes and each layer reads them in its own layout."""
+    path, expected = EXACT[kind]
+    prompt = np.load(expected)["prompt_ids"].tolist()
+    want = LLM(str(path), backend="cpu", moe_backend="fused").generate(
         [prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
-    got = LLM(str(gguf("q8_0")), backend="cpu", **moe).generate(
+    got = LLM(str(path), backend="cpu", **moe).generate(
         [prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
     assert got == want
 
@@ -232,6 +249,7 @@ def test_generate_and_serve_a_gguf_file():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "generated tokens 4" in r.stderr, r.stderr[-2000:]
     assert "GGUF Q8_0 tensors widened to f32 at load" in r.stderr, r.stderr[-2000:]
+    assert "GGUF experts kept in the file's blocks (Q8_0)" in r.stderr, r.stderr[-2000:]
     server = ServerProcess("--model", str(gguf("q8_0")), "--backend", "cpu")
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

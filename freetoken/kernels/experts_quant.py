@@ -1,0 +1,75 @@
+"""The routed-experts op (kernels/experts.py's contract) over quantized banks: gate_up and down as
+a GGUF file stores them (kernels/qblocks.py), read block by block, never widened whole.
+
+The spec is experts.ref on the experts dequantized by qblocks.dequantize_ref (gguf-py's
+dequantize, in fp32): the blocks' values exactly, then fp32 math. The numba version here computes
+the same sums in another order (a block's scale applied once to its sub-block dot product), so it
+matches within fp32 rounding, as the dense numba op does.
+
+Few tokens per expert (decode): every row is read once per call by qblocks.dot_row, in work
+items of (expert, ROWS rows) as the dense GEMV does. Many (prefill): experts._blas, each expert
+dequantized into its pool thread's fp32 scratch (one expert at a time, never a whole bank) and
+multiplied by BLAS.
+
+Shape legend: T tokens, H hidden, k routed, I expert width, S slots (or experts), P routed
+pairs, V values per block, B block bytes.
+"""
+import numpy as np
+
+from freetoken.kernels._activations import silu_mul
+from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels.qblocks import dequant_row, dot_row, format_of
+
+ROWS = 32            # rows per parallel work item, as in experts.py
+
+
+@njit(**HOT)
+def _gate_up(x, gu, code, uniq, offs, ptok, act):
+    """act[p, i] = silu(gate_i . x) * (up_i . x) for every pair p; gu uint8[S,2I,H/V,B]."""
+    I = act.shape[1]
+    nib = (I + ROWS - 1) // ROWS
+    for item in prange(uniq.shape[0] * nib):
+        u, i0 = item // nib, (item % nib) * ROWS
+        e = uniq[u]
+        for i in range(i0, min(i0 + ROWS, I)):
+            g_row, u_row = gu[e, i], gu[e, I + i]
+            for p in range(offs[u], offs[u + 1]):
+                xt = x[ptok[p]]
+                act[p, i] = silu_mul(dot_row(g_row, code, xt), dot_row(u_row, code, xt))
+
+
+@njit(**HOT)
+def _down(act, dn, code, uniq, offs, y):
+    """y[h, p] = down_h . act[p] of pair p's expert; dn uint8[S,H,I/V,B], y f32[H,P]."""
+    H = y.shape[0]
+    nhb = (H + ROWS - 1) // ROWS
+    for item in prange(uniq.shape[0] * nhb):
+        u, h0 = item // nhb, (item % nhb) * ROWS
+        e = uniq[u]
+        for h in range(h0, min(h0 + ROWS, H)):
+            row = dn[e, h]
+            for p in range(offs[u], offs[u + 1]):
+                y[h, p] = dot_row(row, code, act[p])
+
+
+@njit(**SERIAL)
+def _dequant_rows(w, code, out):
+    """out[r] = the values of row r; w uint8[R, nb, B] (one expert), out f32[R, nb*V]."""
+    for r in range(w.shape[0]):
+        dequant_row(w[r], code, out[r])
+
+
+def dequant_expert(w, out):
+    """One expert's quantized rows [R, H/V, B] into out f32[R, H] (a pool thread's scratch)."""
+    _dequant_rows(np.ascontiguousarray(w), format_of(w).code, out)
+    return out
+
+
+def gemv(x, gate_up, down, uniq, offs, ptok, y):
+    """Few tokens per expert: y f32[H,P] = each pair's expert output (unweighted) for experts._plan's
+    groups (uniq, offs, ptok); experts.py weights and adds them."""
+    gf, df = format_of(gate_up), format_of(down)
+    act = np.empty((ptok.shape[0], gate_up.shape[1] // 2), np.float32)     # [P,I]
+    _gate_up(x, gate_up, gf.code, uniq, offs, ptok, act)
+    _down(act, down, df.code, uniq, offs, y)
+    return y

@@ -1,0 +1,80 @@
+"""The experts op over quantized banks (kernels/experts_quant.py): the numba op against the spec
+(experts.ref on the blocks dequantized by gguf-py), decode and prefill paths, every format, mixed
+gate_up/down formats, strided slot views, and the runtime's byte slot pool."""
+import numpy as np
+import pytest
+
+from freetoken.kernels import experts
+from freetoken.kernels.qblocks import FORMATS, dequantize_ref, format_named
+from freetoken.moe.pool import Bank, slot_pool, slot_views
+
+# where each format keeps its fp16 scale(s): random bytes there could be inf/NaN
+SCALE_AT = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,), "q2_k": (80, 82),
+            "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+
+
+def random_blocks(name: str, rows: tuple, values: int, rng) -> np.ndarray:
+    """uint8[*rows, values/V, B]: random codes, small finite fp16 scales."""
+    f = format_named(name)
+    w = rng.integers(0, 256, rows + (values // f.values, f.nbytes), dtype=np.uint8)
+    for at in SCALE_AT[name]:
+        scale = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float16)
+        w[..., at:at + 2] = scale[..., None].view(np.uint8)
+    return w
+
+
+def bank(rng, gu: str, dn: str, E=6, H=256, I=256):
+    return random_blocks(gu, (E, 2 * I), H, rng), random_blocks(dn, (E, H), I, rng)
+
+
+def routing(rng, T, E, k=3):
+    ids = rng.integers(0, E, (T, k)).astype(np.int32)
+    ids[0, 1] = ids[0, 0]                  # a duplicate id in a row counts twice
+    if T > 1:
+        ids[1, 2] = -1                     # -1 contributes nothing
+    return ids, rng.random((T, k)).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", [f.name for f in FORMATS])
+@pytest.mark.parametrize("T", [1, 3, 96])             # 96 tokens x 3 over 6 experts: the BLAS path
+def test_cpu_matches_the_spec(fmt, T):
+    rng = np.random.default_rng(7)
+    gate_up, down = bank(rng, fmt, fmt)
+    ids, w = routing(rng, T, gate_up.shape[0])
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    want = experts.ref(x, ids, w, gate_up, down)
+    dense = experts.ref(x, ids, w, dequantize_ref(gate_up), dequantize_ref(down))
+    np.testing.assert_array_equal(want, dense)         # the spec: the gguf-py values, fp32 math
+    got = experts.cpu(x, ids, w, gate_up, down)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("T", [2, 96])
+def test_gate_up_and_down_in_different_formats_through_strided_slots(T):
+    """A Q4_K_M layer (down in Q6_K) read from a byte slot pool sized for a larger Q8_0 layer: the
+    slots are strided, each slot's bytes read in the layer's own layout."""
+    rng = np.random.default_rng(3)
+    small, large = Bank(*bank(rng, "q4_k", "q6_k")), Bank(*bank(rng, "q8_0", "q8_0"))
+    pool = slot_pool(np, 8, [small, large])
+    assert pool[0].shape == (8, large.expert_bytes[0]) and pool[0].dtype == np.uint8
+    gate_up, down = slot_views(pool, small)
+    assert not gate_up.flags.c_contiguous and gate_up.shape[1:] == small.gate_up.shape[1:]
+    for slot, e in enumerate([5, 0, 3, 1, 2, 4]):
+        gate_up[slot], down[slot] = small.gate_up[e], small.down[e]
+    ids, w = routing(rng, T, 6)
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    want = experts.ref(x, ids, w, np.ascontiguousarray(gate_up), np.ascontiguousarray(down))
+    got = experts.cpu(x, ids, w, gate_up, down)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert np.array_equal(pool[0][0, small.expert_bytes[0]:], np.zeros(large.expert_bytes[0] - small.expert_bytes[0], np.uint8))
+
+
+def test_dense_and_quantized_banks_do_not_mix():
+    from freetoken.moe.pool import check_banks
+    rng = np.random.default_rng(0)
+    q = bank(rng, "q8_0", "q8_0", E=2, H=64, I=64)
+    dense = (np.zeros((2, 128, 64), np.uint8), np.zeros((2, 64, 64), np.uint8))
+    with pytest.raises(ValueError, match="mix quantized and dense"):
+        check_banks([q, dense], 2, 64, 64)
+    with pytest.raises(ValueError, match="expected gate_up"):
+        check_banks([bank(rng, "q8_0", "q8_0", E=2, H=64, I=32)], 2, 64, 64)
