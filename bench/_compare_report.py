@@ -52,10 +52,11 @@ def _cell(s: dict | None) -> str:
     return mid if lo == hi else f"{mid} [{lo}-{hi}]"
 
 
-def table(rows: list[dict], threads: int, rounds: int) -> str:
-    """Markdown table; the header says which side of 1 is FreeToken's win."""
+def table(rows: list[dict], threads: int, rounds: int, fmt: str = "bf16") -> str:
+    """Markdown table; the header says the GGUF format llama.cpp read and which side of 1 is
+    FreeToken's win."""
     head = (f"| measure ({threads} threads, batch 1, greedy; median [range] of {rounds} round(s)) | "
-            "FreeToken | llama.cpp bf16 | FreeToken / llama.cpp (tok/s: >= 1 FreeToken better; "
+            f"FreeToken | llama.cpp {fmt} | FreeToken / llama.cpp (tok/s: >= 1 FreeToken better; "
             "RSS, start-up: <= 1 FreeToken better) |\n|---|---|---|---|")
     lines = [head]
     for r in rows:

@@ -219,7 +219,7 @@ def main(argv=None) -> int:
         return rows
 
     samples = run_rounds(engines, plan(args), args.rounds, words, rng, save)
-    print(report.table(save(samples, args.rounds), args.threads, args.rounds))
+    print(report.table(save(samples, args.rounds), args.threads, args.rounds, args.quant or "bf16"))
     print(report.check_line(check))
     print(f"wrote {out}")
     return 0

@@ -179,3 +179,28 @@ def test_real_run_on_tiny(cmp, tmp_path):
                      "--prefill", "32", "--check-tokens", "16", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert all(r["ratio"] for r in data["rows"]) and data["greedy_check"]["prompt_ids_equal"]
+
+
+def test_quant_runs_both_engines_on_one_quantized_file(cmp, tmp_path, monkeypatch):
+    import _llamacpp
+    tool = tmp_path / "llama-quantize"
+    tool.write_text("#!/bin/sh\necho \"$3\" > \"$2\"\n")          # src out TYPE threads -> out holds TYPE
+    bench = tmp_path / "llama-bench"
+    bench.write_text("#!/bin/sh\necho '-d, --n-depth'\n")
+    for exe in (tool, bench):
+        exe.chmod(0o755)
+    lc = _llamacpp.LlamaCpp(bench, tmp_path / "c", tmp_path / "conv.py", {}, tool)
+    src = tmp_path / "model-bf16.gguf"
+    src.write_bytes(b"x")
+    monkeypatch.setattr(cmp.llamacpp, "locate", lambda *a: lc)
+    monkeypatch.setattr(cmp.llamacpp, "convert", lambda *a: src)
+    monkeypatch.setattr(cmp, "prepare_model", lambda args, cache: (tmp_path / "hf", tmp_path))
+    engines, _, gguf, _ = cmp.setup(cmp.parse_args(["--quant", "Q4_K_M"]))
+    assert gguf == tmp_path / "model-q4_k_m.gguf" and gguf.read_text().strip() == "Q4_K_M"
+    assert engines[0].hf == gguf and engines[1].gguf == gguf       # FreeToken reads the same file
+    tool.unlink()
+    assert _llamacpp.quantize(lc, src, "Q4_K_M", 2) == gguf        # made once: not made again
+    with pytest.raises(SystemExit, match="llama-quantize"):
+        _llamacpp.quantize(_llamacpp.LlamaCpp(lc.bench, lc.completion, lc.converter, {}), src, "Q8_0", 2)
+    engines, _, _, _ = cmp.setup(cmp.parse_args([]))
+    assert engines[0].hf == tmp_path / "hf" and engines[1].gguf == src

@@ -19,11 +19,30 @@ def place_weights(ops, weights):
     MoE runtime decides where they run). A no-op on the numpy backends."""
     if ops.name != "cuda":
         return weights
-    dev = ops.to_device
+    dev = _dense_to(ops.to_device)
     embed = dev(weights.embed)
     lm_head = embed if weights.lm_head is weights.embed else dev(weights.lm_head)
     return replace(weights, embed=embed, final_norm=dev(weights.final_norm), lm_head=lm_head,
                    layers=tuple(placed(lw, dev) for lw in weights.layers))
+
+
+def _dense_to(to_device):
+    """to_device of an array widened first when it is in GGUF blocks (kernels/qblocks.py; a tuple
+    of parts is concatenated): the CUDA linear and embedding ops read dense weights only, for now."""
+    from freetoken.kernels.qblocks import dequantize_ref, is_quantized
+    widened = []
+
+    def dense(a):
+        if isinstance(a, tuple):
+            return np.concatenate([dense(p) for p in a])
+        if not is_quantized(a):
+            return a
+        if not widened:
+            logger.info("quantized dense weights widened to f32 for the cuda backend")
+        widened.append(a.nbytes)
+        return dequantize_ref(a)
+
+    return lambda a: to_device(dense(a))
 
 
 def placed(lw, dev):

@@ -3,11 +3,14 @@ tests/kernels/test_embedding.py."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
+from freetoken.kernels.qblocks import dequantize_ref, is_quantized, logical_shape
 
 
 def ref(ids, table, out=None):
-    """ids int32[T], table [V,H] (bf16 bits or float) -> f32[T,H]."""
-    res = to_f32(table[np.asarray(ids)])
+    """ids int32[T], table [V,H] (bf16 bits or float; quantized [V,H/V',B], kernels/qblocks.py)
+    -> f32[T,H]."""
+    rows = table[np.asarray(ids)]
+    res = dequantize_ref(rows) if is_quantized(table) else to_f32(rows)
     if out is None:
         return res
     out[...] = res
@@ -18,8 +21,11 @@ def cpu(ids, table, out=None):
     """Same contract as ``ref``; numpy is already fast here (one gather, one widening pass)."""
     ids = np.asarray(ids)
     if out is None:
-        out = np.empty((ids.shape[0], table.shape[1]), np.float32)
-    if table.dtype == np.uint16:
+        out = np.empty((ids.shape[0], logical_shape(table)[1]), np.float32)
+    if is_quantized(table):
+        from freetoken.kernels.linear_quant import dequant_rows
+        dequant_rows(table[ids], out)
+    elif table.dtype == np.uint16:
         # widen straight into out: the shift writes the fp32 bit patterns in place
         np.left_shift(table[ids], 16, out=out.view(np.uint32), dtype=np.uint32)
     else:

@@ -230,8 +230,8 @@ def _as_f32(w, buf):
     if w.dtype == np.float32:
         return w
     if w.ndim == 3:                   # one expert's quantized rows [R, H/V, B]
-        from freetoken.kernels.experts_quant import dequant_expert
-        return dequant_expert(w, buf)
+        from freetoken.kernels.linear_quant import dequant_rows
+        return dequant_rows(w, buf)
     return widen_rows(w, buf)
 
 

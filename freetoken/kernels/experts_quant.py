@@ -8,8 +8,8 @@ matches within fp32 rounding, as the dense numba op does.
 
 Few tokens per expert (decode): every row is read once per call by qblocks.dot_row, in work
 items of (expert, ROWS rows) as the dense GEMV does. Many (prefill): experts._blas, each expert
-dequantized into its pool thread's fp32 scratch (one expert at a time, never a whole bank) and
-multiplied by BLAS.
+dequantized into its pool thread's fp32 scratch (linear_quant.dequant_rows: one expert at a time,
+never a whole bank) and multiplied by BLAS.
 
 Shape legend: T tokens, H hidden, k routed, I expert width, S slots (or experts), P routed
 pairs, V values per block, B block bytes.
@@ -17,8 +17,8 @@ pairs, V values per block, B block bytes.
 import numpy as np
 
 from freetoken.kernels._activations import silu_mul
-from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qblocks import dequant_row, dot_row, format_of
+from freetoken.kernels._numba import HOT, njit, prange
+from freetoken.kernels.qblocks import dot_row, format_of
 
 ROWS = 32            # rows per parallel work item, as in experts.py
 
@@ -50,19 +50,6 @@ def _down(act, dn, code, uniq, offs, y):
             row = dn[e, h]
             for p in range(offs[u], offs[u + 1]):
                 y[h, p] = dot_row(row, code, act[p])
-
-
-@njit(**SERIAL)
-def _dequant_rows(w, code, out):
-    """out[r] = the values of row r; w uint8[R, nb, B] (one expert), out f32[R, nb*V]."""
-    for r in range(w.shape[0]):
-        dequant_row(w[r], code, out[r])
-
-
-def dequant_expert(w, out):
-    """One expert's quantized rows [R, H/V, B] into out f32[R, H] (a pool thread's scratch)."""
-    _dequant_rows(np.ascontiguousarray(w), format_of(w).code, out)
-    return out
 
 
 def gemv(x, gate_up, down, uniq, offs, ptok, y):

@@ -3,6 +3,7 @@ tests/kernels/test_linear.py, bench/kernels/experts_cpu.py (its linear rows)."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
+from freetoken.kernels.qblocks import dequantize_ref, is_quantized, logical_shape
 from freetoken.kernels._blas_pool import run_items, workers
 from freetoken.kernels._numba import (HOT, SERIAL, dot, dots, from_bits, njit, prange, split_x,
                                       weight_rows)
@@ -13,8 +14,11 @@ BLOCK_BYTES = 4 << 20  # fp32 bytes of one widened weight block: stays in the la
 
 
 def ref(x, w, out=None):
-    """x f32[T,K], w [M,K] (bf16 bits or float) -> f32[T,M]."""
-    res = np.asarray(x, np.float32) @ to_f32(w).T
+    """x f32[T,K], w [M,K] (bf16 bits or float; quantized [M,K/V,B], kernels/qblocks.py; or a
+    tuple of such parts stacked along M, GGUF q/k/v of different formats) -> f32[T,M]."""
+    if isinstance(w, tuple):
+        return _parts(ref, x, w, out)
+    res = np.asarray(x, np.float32) @ (dequantize_ref(w) if is_quantized(w) else to_f32(w)).T
     if out is None:
         return res
     out[...] = res
@@ -116,11 +120,30 @@ def widen_rows(w, buf):
     return buf
 
 
+def _rows_f32(w, buf):
+    if is_quantized(w):
+        from freetoken.kernels.linear_quant import dequant_rows
+        return dequant_rows(w, buf)
+    return widen_rows(w, buf)
+
+
+def _parts(op, x, parts: tuple, out):
+    """op over each part of a weight stacked along M, into its columns of out f32[T, sum M]."""
+    sizes = [logical_shape(p)[0] for p in parts]
+    if out is None:
+        out = np.empty((np.asarray(x).shape[0], sum(sizes)), np.float32)
+    at = 0
+    for part, m in zip(parts, sizes):
+        out[:, at:at + m] = op(x, part)
+        at += m
+    return out
+
+
 def _blas(x, w, out):
     """Many tokens: blocks of weight rows, one per pool thread at a time, each widened to fp32
     (at most BLOCK_BYTES, so it stays in cache) and multiplied by a single-threaded BLAS call.
     At least two blocks per thread, so a thread that started late still gets its share."""
-    M, K = w.shape
+    M, K = logical_shape(w)
     rows = min(BLOCK_BYTES // (4 * K), -(-M // (2 * workers())))
     rows = max(16, -(-rows // 16) * 16)
 
@@ -129,7 +152,7 @@ def _blas(x, w, out):
 
     def block(m0, buf):
         m1 = min(M, m0 + rows)
-        wf = w[m0:m1] if buf is None else widen_rows(w[m0:m1], buf[:m1 - m0])
+        wf = w[m0:m1] if buf is None else _rows_f32(w[m0:m1], buf[:m1 - m0])
         np.matmul(x, wf.T, out=out[:, m0:m1])
 
     run_items(range(0, M, rows), block, scratch)
@@ -138,14 +161,20 @@ def _blas(x, w, out):
 
 def cpu(x, w, out=None):
     """Same contract as ``ref``: numba row GEMV for few tokens (decode), BLAS for many."""
+    if isinstance(w, tuple):
+        return _parts(cpu, x, w, out)
     x = np.ascontiguousarray(x, np.float32)
     T, K = x.shape
-    assert w.ndim == 2 and w.shape[1] == K, (x.shape, w.shape)
+    M, Kw = logical_shape(w)
+    assert Kw == K, (x.shape, w.shape)
     w = np.ascontiguousarray(w)
     if out is None:
-        out = np.empty((T, w.shape[0]), np.float32)
+        out = np.empty((T, M), np.float32)
     if T >= BLAS_MIN_T:
         return _blas(x, w, out)
+    if is_quantized(w):
+        from freetoken.kernels.linear_quant import gemv
+        return gemv(x, w, out)
     rows = weight_rows(w)
     gemv = _gemv_pairs if rows.dtype == np.uint32 else _gemv
     gemv(split_x(x, rows), rows, np.arange(T, dtype=np.int32), out)

@@ -2,12 +2,13 @@
 `qwen3moe`). The config comes from the file's metadata through the same mapping as a config.json
 (models/hf_config.py); the tensors by llama.cpp's names into FreeToken's layout.
 
-This version widens every tensor at load, exactly as gguf-py's `quants.dequantize` does: to bf16
-when the file's weights are bf16, else to float32 (F16 and every quantized type; a quantized
-weight is defined as its gguf-py dequantization in fp32, so the widened model computes what the
-spec computes). Every tensor's presence and shape is checked before the first is widened. The
-start-up log says how many bytes the widening costs against the file. Keeping the experts
-quantized (host banks, GPU slots and fetches in the file's blocks) is the next step.
+Quantized tensors stay in the file's blocks (kernels/qblocks.py; models/gguf_blocks.py reads
+them): the routed experts as banks, the attention linears, the output head and the embedding
+table, each read by ops that take blocks. Everything else (norms, the router, F16 tensors, a
+dense-MLP layer) is widened exactly as gguf-py's `quants.dequantize` does: to bf16 when the file's
+weights are bf16, else to float32. A quantized weight is defined as its gguf-py dequantization in
+fp32, so every path computes what the spec computes. Every tensor's presence and shape is checked
+before the first is read. The start-up log says what stays in blocks and what the widening costs.
 
 Shape legend: L layers, E experts, I expert width, H hidden, Hq/G query/kv heads, D head dim, V vocab.
 """
@@ -17,6 +18,8 @@ import numpy as np
 
 from freetoken.config import ModelConfig
 from freetoken.models import registry
+from freetoken.models.gguf_blocks import (block_format, experts_stay_quantized, quantized_banks, read_blocks,
+                                         stacked_blocks)
 from freetoken.models.gguf_file import GGUFError, GGUFModel
 from freetoken.models.weights import LayerWeights, ModelWeights, load_layers, row_slices
 
@@ -62,14 +65,15 @@ def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
         types = "/".join(sorted(_expert_types(model, cfg)))
         log.info("GGUF experts %s", f"({types}) loaded as {read.dtype.name.replace('uint16', 'bf16')}: {widen_why}"
                  if widen_why else f"kept in the file's blocks ({types})")
-    embed = read("token_embd.weight")
-    lm_head = embed if cfg.tie_word_embeddings else read("output.weight")
+    embed = read.kept("token_embd.weight")
+    lm_head = embed if cfg.tie_word_embeddings else read.kept("output.weight")
     layers = load_layers(lambda i: _layer(read, cfg, i), cfg.num_layers)
-    kept = {n for i in cfg.moe_layers for n in _expert_names(i)} if read.quantized_experts else set()
+    kept = read.blocks_of | ({n for i in cfg.moe_layers for n in _expert_names(i)} if read.quantized_experts else set())
     widened = {t.type_name for n, t in model.tensors.items() if n not in kept} - {"F32", "BF16"}
-    if log is not None and widened:
-        log.info("GGUF %s tensors widened to %s at load: %s in memory for a %s file", "/".join(sorted(widened)),
-                 "bf16" if model.bf16 else "f32", _size(read.nbytes), _size(sum(t.data.nbytes for t in model.tensors.values())))
+    if log is not None:
+        log.info("GGUF: %d tensors kept in their blocks, %s widened to %s at load: %s in memory for a %s file",
+                 len(kept), "/".join(sorted(widened)) or "none", "bf16" if model.bf16 else "f32", _size(read.nbytes),
+                 _size(sum(t.data.nbytes for t in model.tensors.values())))
     return ModelWeights(embed=embed, final_norm=read("output_norm.weight"), lm_head=lm_head, layers=layers)
 
 
@@ -127,6 +131,20 @@ class _Reader:
     def __init__(self, model: GGUFModel, dtype: np.dtype, layout: dict):
         self.model, self.dtype, self.layout, self.nbytes = model, dtype, layout, 0
         self.quantized_experts = False      # gguf_weights: the routed experts stay in their blocks
+        self.blocks_of: set[str] = set()    # the dense tensors kept in their blocks
+
+    def kept(self, name: str) -> np.ndarray:
+        """The tensor in the file's blocks when it is quantized (kernels/qblocks.py), else widened."""
+        t = self.model.tensors[name]
+        if block_format(t) is None:
+            return self(name)
+        self.blocks_of.add(name)
+        return self.counted(read_blocks(t))
+
+    def counted(self, arrays):
+        """arrays (one or a tuple), their bytes added to the loaded total."""
+        self.nbytes += sum(a.nbytes for a in (arrays if isinstance(arrays, tuple) else (arrays,)))
+        return arrays
 
     def __call__(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         from gguf import GGMLQuantizationType, quants
@@ -148,12 +166,12 @@ class _Reader:
 def _layer(read: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
     """One layer; the stacked arrays (qkv, gate_up) are filled in place, not concatenated."""
     p, H, D, Hq, G = f"blk.{i}.", cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    qkv = _stacked(read, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], ((Hq + 2 * G) * D, H), 0)
+    qkv = _qkv(read, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], ((Hq + 2 * G) * D, H))
     if cfg.is_moe_layer(i):
         E, I = cfg.num_experts, cfg.moe_intermediate_size
         router = read(p + "ffn_gate_inp.weight")
         if read.quantized_experts:
-            gate_up, down = _quantized_banks(read, p, E, I)
+            gate_up, down = read.counted(quantized_banks(read.model, p, E, I))
         else:
             gate_up = _stacked(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
             down = read(p + "ffn_down_exps.weight")
@@ -163,46 +181,22 @@ def _layer(read: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
         gate_up = _stacked(read, [p + "ffn_gate.weight", p + "ffn_up.weight"], (2 * I, H), 0)[None]
         down = read(p + "ffn_down.weight")[None]
     return LayerWeights(input_norm=read(p + "attn_norm.weight"), post_norm=read(p + "ffn_norm.weight"),
-                        qkv=qkv, o_proj=read(p + "attn_output.weight"), q_norm=read(p + "attn_q_norm.weight"),
+                        qkv=qkv, o_proj=read.kept(p + "attn_output.weight"), q_norm=read(p + "attn_q_norm.weight"),
                         k_norm=read(p + "attn_k_norm.weight"), router=router, gate_up=gate_up, down=down)
 
 
-def _quantized_banks(read: _Reader, p: str, E: int, I: int) -> tuple[np.ndarray, np.ndarray]:
-    """A layer's experts in the file's blocks (kernels/qblocks.py), read from the file straight
-    into their arrays (no pass through the memory map, so no page-cache copy counts as ours):
-    gate_up uint8[E, 2I, H/V, B] (each expert's gate rows, then its up rows), down [E, H, I/V, B]."""
-    from freetoken.models.safetensors_io import read_spans
-    gate, up, down = (read.model.tensors[f"{p}ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
-    gate_up, dn = np.empty((E, 2 * I) + _blocks(gate), np.uint8), np.empty(down.shape[:2] + _blocks(down), np.uint8)
-    per_expert = gate_up[0, :I].nbytes
-    read_spans(down.file, [(down.offset, dn)])
-    for t, rows in ((gate, slice(0, I)), (up, slice(I, 2 * I))):
-        read_spans(t.file, [(t.offset + e * per_expert, gate_up[e, rows]) for e in range(E)])
-    read.nbytes += gate_up.nbytes + dn.nbytes
-    return gate_up, dn
-
-
-def _blocks(t) -> tuple[int, int]:
-    """(blocks per row, bytes per block) of a quantized tensor."""
-    from freetoken.kernels.qblocks import format_of_ggml
-    from gguf import GGMLQuantizationType
-    nbytes = format_of_ggml(int(GGMLQuantizationType[t.type_name])).nbytes
-    return t.data.shape[-1] // nbytes, nbytes
-
-
-def experts_stay_quantized(model: GGUFModel, cfg: ModelConfig) -> str:
-    """Why the routed experts are widened at load, or "" when they stay in the file's blocks:
-    every expert tensor is of a block format the kernels read (kernels/qblocks.py) and each
-    layer's gate and up share one (they are stacked into one bank)."""
-    from freetoken.kernels.qblocks import FORMATS
-    names = {f.name.upper() for f in FORMATS}
-    for i in cfg.moe_layers:
-        gate, up, down = (model.tensors[f"blk.{i}.ffn_{n}_exps.weight"].type_name for n in ("gate", "up", "down"))
-        if not {gate, up, down} <= names:
-            return f"layer {i}'s experts are {gate}/{up}/{down}, not all block formats"
-        if gate != up:
-            return f"layer {i}'s gate experts are {gate} and its up experts {up}"
-    return ""
+def _qkv(read: _Reader, names: list[str], shape: tuple[int, int]):
+    """q, k and v stacked: in one array of blocks when they share a block format; as a tuple of
+    parts (linear's stacked form) when they are quantized in different ones (Q4_K_M keeps some
+    layers' v in Q6_K); widened into one array when none is quantized."""
+    tensors = [read.model.tensors[n] for n in names]
+    if all(block_format(t) is None for t in tensors):
+        return _stacked(read, names, shape, 0)
+    one = stacked_blocks(tensors)
+    if one is not None:
+        read.blocks_of.update(names)
+        return read.counted(one)
+    return tuple(read.kept(n) for n in names)
 
 
 def _stacked(read: _Reader, names: list[str], shape: tuple[int, ...], axis: int) -> np.ndarray:

@@ -90,9 +90,12 @@ def test_q8_0_weights_are_gguf_py_dequantized_in_fp32_and_experts_keep_the_files
     from freetoken.kernels.qblocks import dequantize_ref, format_of
     model = open_gguf(gguf("q8_0"))
     w = gguf_weights(model, gguf_config(model))
-    t = model.tensors["blk.0.attn_q.weight"]
-    assert t.type_name == "Q8_0" and w.layers[0].qkv.dtype == np.float32
-    assert np.array_equal(w.layers[0].qkv[:t.shape[0]], quants.dequantize(t.data, GGMLQuantizationType.Q8_0))
+    q, k, v = (model.tensors[f"blk.0.attn_{n}.weight"] for n in "qkv")
+    qkv = w.layers[0].qkv                                                  # q, k, v stacked in their blocks
+    assert q.type_name == "Q8_0" and format_of(qkv).name == "q8_0"
+    assert np.array_equal(qkv.reshape(-1), np.concatenate([t.data.reshape(-1) for t in (q, k, v)]))
+    assert np.array_equal(dequantize_ref(qkv)[:q.shape[0]], quants.dequantize(q.data, GGMLQuantizationType.Q8_0))
+    assert format_of(w.embed).name == "q8_0" and w.layers[0].router.dtype == np.float32   # the router is F32
     gate, up, down = (model.tensors[f"blk.0.ffn_{n}_exps.weight"].data for n in ("gate", "up", "down"))
     gate_up, I = w.layers[0].gate_up, gate.shape[1]
     assert format_of(gate_up).name == "q8_0" and gate_up.shape[:2] == (gate.shape[0], 2 * I)
@@ -108,6 +111,9 @@ def test_q4_k_m_keeps_each_layers_own_block_formats():
     w = gguf_weights(model, gguf_config(model))
     assert [(format_of(lw.gate_up).name, format_of(lw.down).name) for lw in w.layers] == [("q4_k", "q4_k"),
                                                                                             ("q4_k", "q6_k")]
+    v_formats = [model.tensors[f"blk.{i}.attn_v.weight"].type_name for i in range(2)]
+    for lw, v in zip(w.layers, v_formats):      # q and k are Q4_K; a Q6_K v keeps the three as parts
+        assert isinstance(lw.qkv, tuple) == (v != "Q4_K")
 
 
 def test_the_tokenizer_and_template_are_the_checkpoints():
@@ -248,7 +254,7 @@ def test_generate_and_serve_a_gguf_file():
                         "--backend", "cpu", "--prompt", "import os", "--max-tokens", "4", "--ignore-eos"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "generated tokens 4" in r.stderr, r.stderr[-2000:]
-    assert "GGUF Q8_0 tensors widened to f32 at load" in r.stderr, r.stderr[-2000:]
+    assert "tensors kept in their blocks, none widened to f32 at load" in r.stderr, r.stderr[-2000:]
     assert "GGUF experts kept in the file's blocks (Q8_0)" in r.stderr, r.stderr[-2000:]
     server = ServerProcess("--model", str(gguf("q8_0")), "--backend", "cpu")
     try:

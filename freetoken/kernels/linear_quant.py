@@ -1,0 +1,43 @@
+"""The linear op (kernels/linear.py's contract) over a quantized weight: w as a GGUF file stores
+it (kernels/qblocks.py), [M, K/V, B], read block by block. The spec is linear.ref on the weight
+dequantized by qblocks.dequantize_ref; the numba GEMV sums in another order (within fp32
+rounding). Many tokens (prefill) go through linear._blas, which dequantizes blocks of rows into a
+pool thread's scratch (`dequant_rows`) for BLAS, as it widens bf16.
+
+Shape legend: T tokens, K inputs, M outputs (weight rows), V values per block, B block bytes.
+"""
+import numpy as np
+
+from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels.qblocks import dequant_row, dot_row, format_of
+
+ROWS = 16            # weight rows per parallel work item
+
+
+@njit(**HOT)
+def _gemv(x, w, code, out):
+    """out[t, m] = row m . x[t]; each row's blocks read once per call for all T tokens (from L1)."""
+    M, T = w.shape[0], x.shape[0]
+    for item in prange((M + ROWS - 1) // ROWS):
+        for m in range(item * ROWS, min(item * ROWS + ROWS, M)):
+            row = w[m]
+            for t in range(T):
+                out[t, m] = dot_row(row, code, x[t])
+
+
+@njit(**SERIAL)
+def _dequant_rows(w, code, out):
+    for r in range(w.shape[0]):
+        dequant_row(w[r], code, out[r])
+
+
+def dequant_rows(w, out):
+    """Quantized rows w [R, K/V, B] into out f32[R, K] (a pool thread's scratch, one thread)."""
+    _dequant_rows(np.ascontiguousarray(w), format_of(w).code, out)
+    return out
+
+
+def gemv(x, w, out):
+    """x f32[T,K] (few tokens), w [M,K/V,B] -> out f32[T,M]."""
+    _gemv(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w), format_of(w).code, out)
+    return out

@@ -1,0 +1,47 @@
+"""linear and embedding over GGUF blocks (kernels/linear_quant.py): the numba op against the spec
+(linear.ref on gguf-py's dequantization), decode and prefill, and the stacked-parts form that a
+GGUF q/k/v of different formats takes."""
+import numpy as np
+import pytest
+from test_experts_quant import random_blocks
+
+from freetoken.kernels import embedding, linear
+from freetoken.kernels.qblocks import FORMATS, dequantize_ref
+
+
+def close(got, want):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", [f.name for f in FORMATS])
+@pytest.mark.parametrize("T", [1, 5, 40])            # 40 >= BLAS_MIN_T: dequantized row blocks + BLAS
+def test_linear_matches_the_spec(fmt, T):
+    rng = np.random.default_rng(11)
+    w = random_blocks(fmt, (72,), 512, rng)
+    x = rng.standard_normal((T, 512)).astype(np.float32)
+    want = linear.ref(x, w)
+    np.testing.assert_array_equal(want, x @ dequantize_ref(w).T)
+    close(linear.cpu(x, w), want)
+
+
+@pytest.mark.parametrize("T", [1, 40])
+def test_parts_of_different_formats_stack_along_the_rows(T):
+    rng = np.random.default_rng(5)
+    parts = (random_blocks("q4_k", (64,), 256, rng), random_blocks("q4_k", (16,), 256, rng),
+             random_blocks("q6_k", (16,), 256, rng))
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    want = x @ np.concatenate([dequantize_ref(p) for p in parts]).T
+    close(linear.ref(x, parts), want)                   # BLAS per part: its own summation order
+    got = linear.cpu(x, parts)
+    assert got.shape == (T, 96)
+    close(got, want)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k"])
+def test_embedding_rows_are_the_spec(fmt):
+    rng = np.random.default_rng(2)
+    table = random_blocks(fmt, (50,), 256, rng)
+    ids = np.array([3, 0, 49, 3], np.int32)
+    want = dequantize_ref(table)[ids]
+    np.testing.assert_array_equal(embedding.ref(ids, table), want)
+    np.testing.assert_array_equal(embedding.cpu(ids, table), want)    # dequantize_row is bit-exact
