@@ -29,7 +29,7 @@ def place_weights(ops, weights):
 def _dense_to(to_device):
     """to_device of an array widened first when it is in GGUF blocks (kernels/qblocks.py; a tuple
     of parts is concatenated): the CUDA linear and embedding ops read dense weights only, for now."""
-    from freetoken.kernels.qblocks import dequantize_ref, is_quantized
+    from freetoken.kernels.qformats import dequantize_ref, is_quantized
     widened = []
 
     def dense(a):

@@ -3,7 +3,7 @@ tests/kernels/test_embedding.py."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
-from freetoken.kernels.qblocks import dequantize_ref, is_quantized, logical_shape
+from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
 
 
 def ref(ids, table, out=None):

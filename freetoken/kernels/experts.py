@@ -12,7 +12,7 @@ from freetoken.kernels._blas_pool import run_items
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, weight_rows
 from freetoken.kernels.linear import dot_rows2, rows_block4, widen_rows
-from freetoken.kernels.qblocks import dequantize_ref, is_quantized, logical_shape
+from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
 
 ROWS = 32            # rows per parallel work item: amortises per-item costs, >= 8 items per thread
 BLAS_MIN_PAIRS = 32  # from this many tokens per expert (mean), widen experts once and use BLAS

@@ -18,7 +18,8 @@ import numpy as np
 
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, njit, prange
-from freetoken.kernels.qblocks import dot_row, format_of
+from freetoken.kernels.qblocks import dot_row
+from freetoken.kernels.qformats import format_of
 
 ROWS = 32            # rows per parallel work item, as in experts.py
 

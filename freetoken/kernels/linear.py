@@ -3,7 +3,7 @@ tests/kernels/test_linear.py, bench/kernels/experts_cpu.py (its linear rows)."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
-from freetoken.kernels.qblocks import dequantize_ref, is_quantized, logical_shape
+from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
 from freetoken.kernels._blas_pool import run_items, workers
 from freetoken.kernels._numba import (HOT, SERIAL, dot, dots, from_bits, njit, prange, split_x,
                                       weight_rows)

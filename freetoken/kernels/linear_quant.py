@@ -9,7 +9,8 @@ Shape legend: T tokens, K inputs, M outputs (weight rows), V values per block, B
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qblocks import dequant_row, dot_row, format_of
+from freetoken.kernels.qblocks import dequant_row, dot_row
+from freetoken.kernels.qformats import format_of
 
 ROWS = 16            # weight rows per parallel work item
 

@@ -1,5 +1,6 @@
-"""GGUF quantized weight blocks: the format table, gguf-py's dequantization as the spec (``ref``),
-and numba row kernels that read the blocks as stored, for decode GEMVs straight from a GGUF file.
+"""Quantized weight blocks (the format table and the spec: kernels/qformats.py): numba row kernels
+that read the blocks as stored, for decode GEMVs straight from a GGUF file; Qwen's block FP8 too
+(kernels/qfp8.py).
 
 Shape legend (besides the kernels' own): a quantized weight is u8[..., R, NB, S]: R rows of NB
 blocks of S bytes. S names the format (every supported one has its own block size), a block holds
@@ -16,11 +17,10 @@ offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-bl
   q4_k d 0, dmin 2, sc 4, qs 16 | q5_k d 0, dmin 2, sc 4, qh 16, qs 48
   q6_k qs 0 (low 4 bits), qh 128 (high 2), sc 192 (i8), d 208
 """
-from dataclasses import dataclass
-
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
+from freetoken.kernels.qfp8 import dequant_fp8_row, dot_fp8_row
 
 # dequant_row reproduces gguf-py's float32 numpy arithmetic bit for bit, so it runs in gguf-py's
 # order of ops and without fastmath, which may fuse d*q + m into one fma or reassociate (d*sc)*q.
@@ -31,80 +31,6 @@ from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
 EXACT = dict(cache=True, nogil=True)
 
 
-@dataclass(frozen=True)
-class QuantFormat:
-    name: str      # "q8_0", "q4_k", ...
-    ggml: int      # gguf.GGMLQuantizationType value
-    values: int    # values per block
-    nbytes: int    # bytes per block
-    code: int      # the switch value of the numba kernels (the index in FORMATS)
-
-
-FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, ggml, values, nbytes)
-                in enumerate((("q4_0", 2, 32, 18), ("q4_1", 3, 32, 20), ("q5_0", 6, 32, 22),
-                              ("q5_1", 7, 32, 24), ("q8_0", 8, 32, 34), ("q2_k", 10, 256, 84),
-                              ("q3_k", 11, 256, 110), ("q4_k", 12, 256, 144),
-                              ("q5_k", 13, 256, 176), ("q6_k", 14, 256, 210))))
-_BY_BYTES = {f.nbytes: f for f in FORMATS}
-
-
-def format_of_block_bytes(nbytes):
-    """The format whose blocks are ``nbytes`` long; ValueError naming the size if none is."""
-    if int(nbytes) not in _BY_BYTES:
-        raise ValueError(f"no supported quantized format has {nbytes}-byte blocks "
-                         f"(known: {sorted(_BY_BYTES)})")
-    return _BY_BYTES[int(nbytes)]
-
-
-def format_of_ggml(t):
-    """The format of a gguf.GGMLQuantizationType (or its int value)."""
-    for f in FORMATS:
-        if f.ggml == int(t):
-            return f
-    raise ValueError(f"GGML type {t!r} is not a supported quantized format")
-
-
-def format_named(name):
-    """The format called ``name`` ("q4_k", "Q4_K", ...)."""
-    for f in FORMATS:
-        if f.name == str(name).lower():
-            return f
-    raise ValueError(f"unknown quantized format {name!r} (known: {[f.name for f in FORMATS]})")
-
-
-def is_quantized(w):
-    """Is ``w`` a quantized weight u8[..., NB, S] with S a known block size? (Any array with
-    numpy's dtype and shape: numpy or CuPy.)"""
-    return (getattr(w, "dtype", None) == np.uint8 and getattr(w, "ndim", 0) >= 2
-            and w.shape[-1] in _BY_BYTES)
-
-
-def format_of(w):
-    """The format of the quantized weight ``w`` (ValueError when it is not one)."""
-    if not (getattr(w, "dtype", None) == np.uint8 and getattr(w, "ndim", 0) >= 2):
-        raise ValueError(f"not a quantized weight: {getattr(w, 'dtype', type(w))} "
-                         f"{getattr(w, 'shape', '')} (want uint8 [..., blocks, block bytes])")
-    return format_of_block_bytes(w.shape[-1])
-
-
-def logical_shape(w):
-    """The shape of the values ``w`` holds: (..., NB*V) for a quantized weight u8[..., NB, S],
-    else ``w.shape``."""
-    if is_quantized(w):
-        return (*w.shape[:-2], w.shape[-2] * format_of(w).values)
-    return tuple(w.shape)
-
-
-def dequantize_ref(w):
-    """u8[..., NB, S] -> f32[..., NB*V] through gguf-py's ``dequantize`` (the spec)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-    fmt = format_of(w)
-    data = np.ascontiguousarray(w).reshape(*w.shape[:-2], w.shape[-2] * w.shape[-1])
-    out = dequantize(data, GGMLQuantizationType(fmt.ggml))
-    return np.asarray(out, np.float32).reshape(*w.shape[:-2], w.shape[-2] * fmt.values)
-
-
 # ---- block fields -------------------------------------------------------------------------------
 # Numba types every integer operation as 64-bit; a quant is truncated to uint8 once built, so LLVM
 # narrows the whole bit-extraction to bytes (else its vectors hold 8 int64 lanes, 2-3x slower).
@@ -113,8 +39,14 @@ def dequantize_ref(w):
 def _check(code, nbytes):
     """Raise unless ``code`` is a format whose blocks are ``nbytes`` long (the kernels read and
     write at offsets computed from ``code`` alone, unchecked)."""
-    if code < 0 or code > 9 or nbytes != (18, 20, 22, 24, 34, 84, 110, 144, 176, 210)[code]:
+    if code < 0 or code > 10 or nbytes != (18, 20, 22, 24, 34, 84, 110, 144, 176, 210, 132)[code]:
         raise ValueError("quantized format code does not match the block size")
+
+
+@njit(inline="always", **EXACT)
+def _values(code):
+    """Values per block of format ``code`` (qformats.FORMATS)."""
+    return 32 if code <= 4 else (128 if code == 10 else 256)
 
 
 @njit(inline="always", **EXACT)
@@ -246,9 +178,11 @@ def _dq_k45(row, out, qh):
 def dequant_row(row, code, out):
     """out f32[NB*V] = the values of row u8[NB,S] in format ``code`` (bit-exact gguf-py)."""
     _check(code, row.shape[1])
-    if out.shape[0] != row.shape[0] * (32 if code <= 4 else 256):
+    if out.shape[0] != row.shape[0] * _values(code):
         raise ValueError("dequant_row: out must hold NB*V values")
-    if code <= 4:
+    if code == 10:
+        dequant_fp8_row(row, out)
+    elif code <= 4:
         qs, qh, mn, off = ((2, -1, -1, 8), (4, -1, 2, 0), (6, 2, -1, 16), (8, 4, 2, 0),
                            (2, -1, -1, 0))[code]
         _dq_32(row, out, qs, qh, mn, off, code == 4)
@@ -429,6 +363,8 @@ def _dot_xv(row, code, xv):
     """dot_row with x as xv f32[NB,V]: with a flat x[b*V + l], LLVM cannot prove the index
     non-negative (numba's integer products carry no no-overflow flag), keeps numba's
     negative-index wraparound in the loop and vectorizes with gathers."""
+    if code == 10:
+        return dot_fp8_row(row, xv)
     if code == 0:
         return _dot_q4_0(row, xv)
     if code == 1:
@@ -456,13 +392,13 @@ def dot_row(row, code, x):
     """sum(dequant(row) * x) for row u8[NB,S] in format ``code``, x f32[NB*V] (C-contiguous);
     fp32 accumulation, the blocks read in place."""
     _check(code, row.shape[1])
-    return _dot_xv(row, code, x.reshape(row.shape[0], 32 if code <= 4 else 256))
+    return _dot_xv(row, code, x.reshape(row.shape[0], _values(code)))
 
 
 @njit(**HOT)
 def dot_rows(w, code, x, out):
     """out[r] = dot_row(w[r], code, x) for w u8[R,NB,S], x f32[NB*V], out f32[R]."""
     _check(code, w.shape[2])
-    xv = x.reshape(w.shape[1], 32 if code <= 4 else 256)
+    xv = x.reshape(w.shape[1], _values(code))
     for r in prange(w.shape[0]):
         out[r] = _dot_xv(w[r], code, xv)

@@ -15,7 +15,7 @@ from freetoken.models.gguf_file import GGUFModel
 
 def block_format(t):
     """The qblocks format of tensor t, or None for F32/F16/BF16."""
-    from freetoken.kernels.qblocks import FORMATS
+    from freetoken.kernels.qformats import FORMATS
     return next((f for f in FORMATS if f.name == t.type_name.lower()), None)
 
 

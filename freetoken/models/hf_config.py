@@ -17,6 +17,19 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
     return model_config_from_dict(json.loads(path.read_text()))
 
 
+def _check_quantization(qc) -> None:
+    """A quantized checkpoint FreeToken reads: Qwen's block FP8 (models/fp8_weights.py) only."""
+    if qc is None:
+        return
+    method, block = qc.get("quant_method"), qc.get("weight_block_size")
+    if method != "fp8":
+        raise ConfigError(f"quantization_config.quant_method {method!r}: FreeToken reads block FP8 (\"fp8\") "
+                          "checkpoints and GGUF files (docs/formats.md)")
+    if qc.get("fmt", "e4m3") != "e4m3" or list(block or []) != [128, 128]:
+        raise ConfigError(f"FP8 checkpoint with fmt {qc.get('fmt')!r} and weight_block_size {block}: FreeToken "
+                          "reads e4m3 weights in [128, 128] blocks")
+
+
 def model_config_from_dict(top: dict) -> ModelConfig:
     """Map every Hugging Face key FreeToken uses, in one place."""
     arch = (top.get("architectures") or [None])[0]
@@ -26,6 +39,7 @@ def model_config_from_dict(top: dict) -> ModelConfig:
     cfg = top
     if fam.text_config and "text_config" in top:   # the wrapper's own tie flag wins (transformers reads only it)
         cfg = {**top, **top["text_config"], "tie_word_embeddings": top.get("tie_word_embeddings", False)}
+    _check_quantization(top.get("quantization_config"))
     theta, scaling = _rope_fields(cfg)
     heads = cfg["num_attention_heads"]
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))

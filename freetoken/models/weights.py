@@ -15,6 +15,7 @@ import numpy as np
 
 from freetoken.config import ModelConfig
 from freetoken.kernels._bf16 import from_f32, to_f32
+from freetoken.models.fp8_weights import fp8_expert_banks, fp8_stacked, is_fp8, read_fp8
 from freetoken.progress import progress
 from freetoken.models.safetensors_io import (Checkpoint, SafetensorsFile, WeightsError,  # noqa: F401
                                              save_safetensors)
@@ -79,6 +80,8 @@ def read_tensor(ck: Checkpoint, name: str, shape: tuple[int, ...], dtype: np.dty
           out: np.ndarray | None = None) -> np.ndarray:
     """Tensor `name` in the model dtype, into `out` when given: read straight into it when the
     stored dtype matches, else read, converted and copied."""
+    if is_fp8(ck, name) or (name in ck and ck.stored_dtype(name) == "F8_E4M3"):
+        return read_fp8(ck, name, shape, dtype, out)             # one without its scales: an error there
     arr = ck.get(name, shape, out)
     if arr is out:
         return out
@@ -93,10 +96,13 @@ def read_tensor(ck: Checkpoint, name: str, shape: tuple[int, ...], dtype: np.dty
 def _load_layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype: np.dtype) -> LayerWeights:
     p = f"model.layers.{i}."
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    qkv = np.empty(((Hq + 2 * G) * D, H), dtype)  # [(Hq+2G)*D, H]
-    for rows, (proj, heads) in zip(row_slices(Hq * D, G * D, G * D),
-                                   (("q", Hq), ("k", G), ("v", G))):
-        read_tensor(ck, f"{p}self_attn.{proj}_proj.weight", (heads * D, H), dtype, out=qkv[rows])
+    names = [f"{p}self_attn.{proj}_proj.weight" for proj in "qkv"]
+    shapes = [(Hq * D, H), (G * D, H), (G * D, H)]
+    qkv = fp8_stacked(ck, names, shapes)          # FP8 row blocks, or None: [(Hq+2G)*D, H]
+    if qkv is None:
+        qkv = np.empty(((Hq + 2 * G) * D, H), dtype)
+        for rows, name, shape in zip(row_slices(Hq * D, G * D, G * D), names, shapes):
+            read_tensor(ck, name, shape, dtype, out=qkv[rows])
     if cfg.is_moe_layer(i):
         router = read_tensor(ck, f"{p}mlp.gate.weight", (cfg.num_experts, H), dtype)
         gate_up, down = expert_banks(ck, cfg, p, dtype)
@@ -122,6 +128,9 @@ def expert_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
                   dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """gate_up [E, 2I, H] (gate rows first) and down [E, H, I], each expert contiguous."""
     E, I, H = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    banks = fp8_expert_banks(ck, E, I, H, p)
+    if banks is not None:
+        return banks
     if f"{p}mlp.experts.gate_up_proj" in ck:  # transformers-5 packed layout is already ours
         return (read_tensor(ck, f"{p}mlp.experts.gate_up_proj", (E, 2 * I, H), dtype),
                 read_tensor(ck, f"{p}mlp.experts.down_proj", (E, H, I), dtype))
@@ -133,7 +142,8 @@ def expert_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
         items += [(f"{q}gate_proj.weight", (I, H), gate_up[e, :I]),
                   (f"{q}up_proj.weight", (I, H), gate_up[e, I:]),
                   (f"{q}down_proj.weight", (H, I), down[e])]
-    for name, shape, out in ck.read_many(items):
+    for name, shape, out in ck.read_many([item for item in items if not is_fp8(ck, item[0])]) + \
+            [item for item in items if is_fp8(ck, item[0])]:
         read_tensor(ck, name, shape, dtype, out=out)
     return gate_up, down
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.log import Log
-from freetoken.kernels.qblocks import logical_shape
+from freetoken.kernels.qformats import logical_shape
 from freetoken.moe.pool import Bank, check_banks
 from freetoken.progress import progress
 from freetoken.cupy_loader import cupy as load_cupy

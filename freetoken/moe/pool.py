@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freetoken.kernels.qblocks import is_quantized, logical_shape
+from freetoken.kernels.qformats import is_quantized, logical_shape
 
 
 @dataclass(frozen=True)

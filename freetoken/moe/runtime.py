@@ -276,7 +276,7 @@ def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, d
 def widened_banks(banks: list[Bank], log=None) -> list[Bank]:
     """Quantized banks as f32 (kernels/qblocks.py's spec), for a device whose experts op reads dense
     weights only (the CUDA one, for now); one line says what it costs."""
-    from freetoken.kernels.qblocks import dequantize_ref
+    from freetoken.kernels.qformats import dequantize_ref
     out = [Bank(dequantize_ref(b.gate_up), dequantize_ref(b.down)) for b in banks]
     Log(log).info(f"quantized experts widened to f32 for {len(banks)} layers: the CUDA experts op reads "
                   f"dense weights only ({sum(b.gate_up.nbytes + b.down.nbytes for b in out) / 2**30:.2f} GiB "

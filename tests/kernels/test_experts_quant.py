@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from freetoken.kernels import experts
-from freetoken.kernels.qblocks import FORMATS, dequantize_ref, format_named
+from freetoken.kernels.qformats import FORMATS, dequantize_ref, format_named
 from freetoken.moe.pool import Bank, slot_pool, slot_views
 
 # where each format keeps its fp16 scale(s): random bytes there could be inf/NaN
@@ -17,6 +17,10 @@ def random_blocks(name: str, rows: tuple, values: int, rng) -> np.ndarray:
     """uint8[*rows, values/V, B]: random codes, small finite fp16 scales."""
     f = format_named(name)
     w = rng.integers(0, 256, rows + (values // f.values, f.nbytes), dtype=np.uint8)
+    if name == "fp8_b128":                  # an f32 scale, then e4m3 codes without the NaN ones
+        w[..., 4:] &= 0xFE
+        w[..., :4] = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float32)[..., None].view(np.uint8)
+        return w
     for at in SCALE_AT[name]:
         scale = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float16)
         w[..., at:at + 2] = scale[..., None].view(np.uint8)

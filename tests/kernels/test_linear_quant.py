@@ -6,7 +6,7 @@ import pytest
 from test_experts_quant import random_blocks
 
 from freetoken.kernels import embedding, linear
-from freetoken.kernels.qblocks import FORMATS, dequantize_ref
+from freetoken.kernels.qformats import FORMATS, dequantize_ref
 
 
 def close(got, want):

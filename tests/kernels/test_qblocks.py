@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from freetoken.kernels import qblocks
+from freetoken.kernels import qblocks, qformats
 from tests.helpers import assert_close
 
-FORMATS = [f.name for f in qblocks.FORMATS]
+FORMATS = [f.name for f in qformats.FORMATS if f.ggml >= 0]     # GGUF's (FP8: tests/kernels/test_qfp8.py)
 FP16_AT = {  # byte offsets of each format's fp16 scale fields (d, and dmin or m where it has one)
     "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
     "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
@@ -20,7 +20,7 @@ SPECIAL_F16 = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x0400, 0x7BFF, 0xFBFF],
 def blocks(rng, name, rows, nb):
     """u8[rows, nb, S] of random bytes with finite fp16 scales: in [-1, 1] for the 32-value
     formats, small and positive (as in real files) for the K-quants' super-block scales."""
-    fmt = qblocks.format_named(name)
+    fmt = qformats.format_named(name)
     w = rng.integers(0, 256, (rows, nb, fmt.nbytes), dtype=np.uint8)
     for at in FP16_AT[name]:
         lo, hi = (-1, 1) if fmt.values == 32 else (0, 0.05)
@@ -30,7 +30,7 @@ def blocks(rng, name, rows, nb):
 
 
 def dequant_rows(w):
-    fmt = qblocks.format_of(w)
+    fmt = qformats.format_of(w)
     out = np.full((w.shape[0], w.shape[1] * fmt.values), np.nan, np.float32)
     for r in range(w.shape[0]):
         qblocks.dequant_row(w[r], fmt.code, out[r])
@@ -46,43 +46,46 @@ def assert_bits_equal(name, ref, out):
 
 def test_table_matches_gguf():
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    assert len({f.nbytes for f in qblocks.FORMATS}) == len(qblocks.FORMATS)
-    for code, f in enumerate(qblocks.FORMATS):
+    assert len({f.nbytes for f in qformats.FORMATS}) == len(qformats.FORMATS)
+    for code, f in enumerate(qformats.FORMATS):
+        assert f.code == code
+        if f.ggml < 0:                         # FreeToken's own FP8 row blocks: no GGML type
+            continue
         t = GGMLQuantizationType(f.ggml)
         assert t.name.lower() == f.name and f.code == code
         assert GGML_QUANT_SIZES[t] == (f.values, f.nbytes)
-        assert qblocks.format_of_ggml(t) is f and qblocks.format_of_ggml(int(t)) is f
-        assert qblocks.format_named(f.name.upper()) is f
-        assert qblocks.format_of_block_bytes(f.nbytes) is f
+        assert qformats.format_of_ggml(t) is f and qformats.format_of_ggml(int(t)) is f
+        assert qformats.format_named(f.name.upper()) is f
+        assert qformats.format_of_block_bytes(f.nbytes) is f
 
 
 def test_lookup_errors_name_what_was_asked():
     with pytest.raises(ValueError, match="19-byte"):
-        qblocks.format_of_block_bytes(19)
+        qformats.format_of_block_bytes(19)
     with pytest.raises(ValueError, match="q7_x"):
-        qblocks.format_named("q7_x")
+        qformats.format_named("q7_x")
     with pytest.raises(ValueError, match="GGML type 0"):
-        qblocks.format_of_ggml(0)   # F32
+        qformats.format_of_ggml(0)   # F32
     with pytest.raises(ValueError, match="100-byte"):
-        qblocks.format_of(np.zeros((3, 2, 100), np.uint8))
+        qformats.format_of(np.zeros((3, 2, 100), np.uint8))
     with pytest.raises(ValueError, match="not a quantized weight"):
-        qblocks.format_of(np.zeros((3, 144), np.float32))
+        qformats.format_of(np.zeros((3, 144), np.float32))
 
 
 def test_is_quantized():
-    assert qblocks.is_quantized(np.zeros((4, 2, 144), np.uint8))
-    assert qblocks.is_quantized(np.zeros((2, 4, 2, 34), np.uint8))
-    assert not qblocks.is_quantized(np.zeros((4, 144), np.uint16))   # bf16
-    assert not qblocks.is_quantized(np.zeros((4, 144), np.float32))
-    assert not qblocks.is_quantized(np.zeros((4, 100), np.uint8))    # no format has 100 bytes
-    assert not qblocks.is_quantized(np.zeros(144, np.uint8))         # one block is not a weight
-    assert not qblocks.is_quantized([[0] * 144])
+    assert qformats.is_quantized(np.zeros((4, 2, 144), np.uint8))
+    assert qformats.is_quantized(np.zeros((2, 4, 2, 34), np.uint8))
+    assert not qformats.is_quantized(np.zeros((4, 144), np.uint16))   # bf16
+    assert not qformats.is_quantized(np.zeros((4, 144), np.float32))
+    assert not qformats.is_quantized(np.zeros((4, 100), np.uint8))    # no format has 100 bytes
+    assert not qformats.is_quantized(np.zeros(144, np.uint8))         # one block is not a weight
+    assert not qformats.is_quantized([[0] * 144])
 
 
 def test_logical_shape():
-    assert qblocks.logical_shape(np.zeros((3, 4, 8, 144), np.uint8)) == (3, 4, 2048)
-    assert qblocks.logical_shape(np.zeros((4, 2, 34), np.uint8)) == (4, 64)
-    assert qblocks.logical_shape(np.zeros((4, 300), np.uint16)) == (4, 300)
+    assert qformats.logical_shape(np.zeros((3, 4, 8, 144), np.uint8)) == (3, 4, 2048)
+    assert qformats.logical_shape(np.zeros((4, 2, 34), np.uint8)) == (4, 64)
+    assert qformats.logical_shape(np.zeros((4, 300), np.uint16)) == (4, 300)
 
 
 def test_import_loads_neither_numba_nor_gguf():
@@ -95,8 +98,8 @@ def test_import_loads_neither_numba_nor_gguf():
 def test_dequant_row_is_bit_exact(name):
     rng = np.random.default_rng(FORMATS.index(name))
     w = blocks(rng, name, 6, 5)
-    ref = qblocks.dequantize_ref(w)
-    assert ref.shape == (6, 5 * qblocks.format_named(name).values)
+    ref = qformats.dequantize_ref(w)
+    assert ref.shape == (6, 5 * qformats.format_named(name).values)
     assert_bits_equal(name, ref, dequant_rows(w))
 
 
@@ -108,12 +111,12 @@ def test_dequant_row_special_scales(name):
     w = blocks(rng, name, 2, len(SPECIAL_F16))
     for at in FP16_AT[name]:
         w[..., at:at + 2] = rng.permutation(SPECIAL_F16).view(np.uint8).reshape(-1, 2)
-    assert_bits_equal(name, qblocks.dequantize_ref(w), dequant_rows(w))
+    assert_bits_equal(name, qformats.dequantize_ref(w), dequant_rows(w))
 
 
 def test_dequantize_ref_keeps_leading_axes():
     w = blocks(np.random.default_rng(7), "q4_k", 6, 2).reshape(2, 3, 2, 144)
-    ref = qblocks.dequantize_ref(w)
+    ref = qformats.dequantize_ref(w)
     assert ref.shape == (2, 3, 512) and ref.dtype == np.float32
     assert_bits_equal("q4_k 4-d", ref.reshape(6, 512), dequant_rows(w.reshape(6, 2, 144)))
 
@@ -121,10 +124,10 @@ def test_dequantize_ref_keeps_leading_axes():
 def assert_dots_close(name, w, x):
     """dot_row and dot_rows against float64 dequantize_ref(w) @ x: within 1e-5 of the sum of
     |w*x| (the scale of the rounding of an fp32 sum, whatever cancels in it)."""
-    wf = qblocks.dequantize_ref(w).astype(np.float64)
+    wf = qformats.dequantize_ref(w).astype(np.float64)
     expect = wf @ x
     tol = 1e-5 * float((np.abs(wf) @ np.abs(x)).max())
-    code = qblocks.format_of(w).code
+    code = qformats.format_of(w).code
     rows = np.array([qblocks.dot_row(w[r], code, x) for r in range(w.shape[0])], np.float32)
     assert_close(f"{name} dot_row", expect, rows, atol=tol, rtol=1e-5)
     out = np.full(w.shape[0], np.nan, np.float32)
@@ -135,9 +138,9 @@ def assert_dots_close(name, w, x):
 @pytest.mark.parametrize("name", FORMATS)
 def test_dots_match_ref(name):
     rng = np.random.default_rng(200 + FORMATS.index(name))
-    nb = 7 if qblocks.format_named(name).values == 32 else 3   # 7: four-block passes + 3 left
+    nb = 7 if qformats.format_named(name).values == 32 else 3   # 7: four-block passes + 3 left
     w = blocks(rng, name, 33, nb)
-    x = rng.standard_normal(w.shape[1] * qblocks.format_named(name).values).astype(np.float32)
+    x = rng.standard_normal(w.shape[1] * qformats.format_named(name).values).astype(np.float32)
     assert_dots_close(name, w, x)
 
 
@@ -146,13 +149,13 @@ def test_blocks_quantized_by_gguf(name):
     """Realistic blocks: gguf-py quantizes normal weights (it has no K-quant quantizer)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
-    fmt = qblocks.format_named(name)
+    fmt = qformats.format_named(name)
     rng = np.random.default_rng(300 + fmt.code)
     data = (rng.standard_normal((16, 1024)) / 32).astype(np.float32)
     w = quantize(data, GGMLQuantizationType(fmt.ggml)).reshape(16, -1, fmt.nbytes)
-    assert qblocks.format_of(w) is fmt
+    assert qformats.format_of(w) is fmt
     deq = dequant_rows(w)
-    assert_bits_equal(name, qblocks.dequantize_ref(w), deq)
+    assert_bits_equal(name, qformats.dequantize_ref(w), deq)
     assert np.abs(deq - data).max() < 0.1 * np.abs(data).max()   # it is that data, quantized
     assert_dots_close(name, w, rng.standard_normal(1024).astype(np.float32))
 

@@ -87,7 +87,7 @@ def test_config_and_weights_are_the_checkpoints():
 
 def test_q8_0_weights_are_gguf_py_dequantized_in_fp32_and_experts_keep_the_files_blocks():
     from gguf import GGMLQuantizationType, quants
-    from freetoken.kernels.qblocks import dequantize_ref, format_of
+    from freetoken.kernels.qformats import dequantize_ref, format_of
     model = open_gguf(gguf("q8_0"))
     w = gguf_weights(model, gguf_config(model))
     q, k, v = (model.tensors[f"blk.0.attn_{n}.weight"] for n in "qkv")
@@ -106,7 +106,7 @@ def test_q8_0_weights_are_gguf_py_dequantized_in_fp32_and_experts_keep_the_files
 
 
 def test_q4_k_m_keeps_each_layers_own_block_formats():
-    from freetoken.kernels.qblocks import format_of
+    from freetoken.kernels.qformats import format_of
     model = open_gguf(GGUF / "qwen3moe_256-q4_k_m.gguf")
     w = gguf_weights(model, gguf_config(model))
     assert [(format_of(lw.gate_up).name, format_of(lw.down).name) for lw in w.layers] == [("q4_k", "q4_k"),

@@ -1,0 +1,88 @@
+"""The quantized weight formats: GGUF's block formats and FreeToken's row-block form of Qwen's
+block FP8, the table the kernels switch on, and each format's spec (``dequantize_ref``): gguf-py's
+``dequantize`` for the GGUF ones, the FP8 rule of kernels/qfp8.py.
+
+A quantized weight is u8[..., R, NB, S]: R rows of NB blocks of S bytes; S names the format (each
+has its own block size), a block holds V values, a row K = NB*V.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    name: str      # "q8_0", "q4_k", ...
+    ggml: int      # gguf.GGMLQuantizationType value
+    values: int    # values per block
+    nbytes: int    # bytes per block
+    code: int      # the switch value of the numba kernels (the index in FORMATS)
+
+
+FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, ggml, values, nbytes)
+                in enumerate((("q4_0", 2, 32, 18), ("q4_1", 3, 32, 20), ("q5_0", 6, 32, 22),
+                              ("q5_1", 7, 32, 24), ("q8_0", 8, 32, 34), ("q2_k", 10, 256, 84),
+                              ("q3_k", 11, 256, 110), ("q4_k", 12, 256, 144),
+                              ("q5_k", 13, 256, 176), ("q6_k", 14, 256, 210),
+                              ("fp8_b128", -1, 128, 132))))   # kernels/qfp8.py; not a GGML type
+_BY_BYTES = {f.nbytes: f for f in FORMATS}
+
+
+def format_of_block_bytes(nbytes):
+    """The format whose blocks are ``nbytes`` long; ValueError naming the size if none is."""
+    if int(nbytes) not in _BY_BYTES:
+        raise ValueError(f"no supported quantized format has {nbytes}-byte blocks "
+                         f"(known: {sorted(_BY_BYTES)})")
+    return _BY_BYTES[int(nbytes)]
+
+
+def format_of_ggml(t):
+    """The format of a gguf.GGMLQuantizationType (or its int value)."""
+    for f in FORMATS:
+        if f.ggml == int(t) and f.ggml >= 0:
+            return f
+    raise ValueError(f"GGML type {t!r} is not a supported quantized format")
+
+
+def format_named(name):
+    """The format called ``name`` ("q4_k", "Q4_K", ...)."""
+    for f in FORMATS:
+        if f.name == str(name).lower():
+            return f
+    raise ValueError(f"unknown quantized format {name!r} (known: {[f.name for f in FORMATS]})")
+
+
+def is_quantized(w):
+    """Is ``w`` a quantized weight u8[..., NB, S] with S a known block size? (Any array with
+    numpy's dtype and shape: numpy or CuPy.)"""
+    return (getattr(w, "dtype", None) == np.uint8 and getattr(w, "ndim", 0) >= 2
+            and w.shape[-1] in _BY_BYTES)
+
+
+def format_of(w):
+    """The format of the quantized weight ``w`` (ValueError when it is not one)."""
+    if not (getattr(w, "dtype", None) == np.uint8 and getattr(w, "ndim", 0) >= 2):
+        raise ValueError(f"not a quantized weight: {getattr(w, 'dtype', type(w))} "
+                         f"{getattr(w, 'shape', '')} (want uint8 [..., blocks, block bytes])")
+    return format_of_block_bytes(w.shape[-1])
+
+
+def logical_shape(w):
+    """The shape of the values ``w`` holds: (..., NB*V) for a quantized weight u8[..., NB, S],
+    else ``w.shape``."""
+    if is_quantized(w):
+        return (*w.shape[:-2], w.shape[-2] * format_of(w).values)
+    return tuple(w.shape)
+
+
+def dequantize_ref(w):
+    """u8[..., NB, S] -> f32[..., NB*V] through gguf-py's ``dequantize`` (the spec)."""
+    fmt = format_of(w)
+    if fmt.ggml < 0:
+        from freetoken.kernels.qfp8 import dequantize_fp8
+        return dequantize_fp8(w)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    data = np.ascontiguousarray(w).reshape(*w.shape[:-2], w.shape[-2] * w.shape[-1])
+    out = dequantize(data, GGMLQuantizationType(fmt.ggml))
+    return np.asarray(out, np.float32).reshape(*w.shape[:-2], w.shape[-2] * fmt.values)
