@@ -39,6 +39,7 @@ class EngineCore:
         plan (engine/plan.py, logged as one summary), build what it says, warm up."""
         from freetoken.backend import get_ops
         from freetoken.models.loader import load_model
+        from freetoken.models.requantize import quantize_experts
         self.config = config
         check_config(config)                      # a bad flag fails before CuPy or the model loads
         facts = probe_gpu(config)
@@ -46,9 +47,10 @@ class EngineCore:
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
-        self.tokenizer, self.weights = loaded.tokenizer, loaded.weights
+        self.tokenizer = loaded.tokenizer
+        self.weights = quantize_experts(loaded.weights, cfg.moe_layers, config.quantize_experts, logger)
         self._grammars = self._start_grammars()    # on a thread, overlapping the rest of start-up
-        self.facts = after_loading(facts, loaded.weights, cfg.moe_layers)
+        self.facts = after_loading(facts, self.weights, cfg.moe_layers)
         self.plan = make_plan(cfg, config, self.facts)
         self.max_model_len = self.plan.context_len      # a resize never changes it
         self.ops = get_ops(self.plan.compute)

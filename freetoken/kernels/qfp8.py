@@ -49,6 +49,21 @@ def to_row_blocks(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return out
 
 
+def quantize_fp8_rows(w: np.ndarray) -> np.ndarray:
+    """f32[..., K] (K a multiple of 128) -> u8[..., K/128, 132]: per block of 128 values of a row,
+    scale = amax / 448 (e4m3's largest) and each value's nearest code (--quantize-experts fp8)."""
+    blocks = np.asarray(w, np.float32).reshape(*w.shape[:-1], w.shape[-1] // BLOCK, BLOCK)
+    scale = np.maximum(np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(448.0), np.float32(1e-30))
+    mags = e4m3_table()[:0x7F]                                       # codes 0..126, ascending
+    v = np.abs(blocks / scale)
+    hi = np.clip(np.searchsorted(mags, v), 1, len(mags) - 1)
+    code = np.where(v - mags[hi - 1] <= mags[hi] - v, hi - 1, hi).astype(np.uint8)
+    out = np.empty(blocks.shape[:-1] + (4 + BLOCK,), np.uint8)
+    out[..., :4] = scale.astype(np.float32).view(np.uint8)
+    out[..., 4:] = np.where(blocks < 0, code | np.uint8(0x80), code)
+    return out
+
+
 @njit(inline="always", **EXACT)
 def _scale(row, b):
     return from_bits(np.uint32(row[b, 0]) | (np.uint32(row[b, 1]) << np.uint32(8))
