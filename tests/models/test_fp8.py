@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fp8_checkpoints import write_fp8_pair
-from test_gguf import logits_of
+from test_gguf import matches_transformers
 
 from freetoken import LLM, SamplingParams
 from freetoken.config import ConfigError
@@ -31,13 +31,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3moe_f
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
 @pytest.mark.parametrize("scales", ["bf16_scales", "f32_scales"])
 def test_fp8_checkpoints_match_transformers(scales, backend):
-    exp = np.load(FIXTURES / scales / "expected.npz")
-    llm, logits = logits_of(FIXTURES / scales, exp, backend)
-    P = len(exp["prompt_ids"])
-    np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
-    np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
-    out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-    assert out.token_ids == exp["greedy_ids"].tolist()
+    matches_transformers(FIXTURES / scales, np.load(FIXTURES / scales / "expected.npz"), backend)
 
 
 @pytest.mark.parametrize("scales", ["bf16_scales", "f32_scales"])

@@ -51,7 +51,12 @@ def test_f32_and_quantized_files_match_transformers(kind, backend):
     """F32, Q8_0 and llama-quantize's Q4_K_M and Q6_K (rows of 256) against transformers on the
     same file: both dequantize with gguf-py and compute in fp32."""
     path, expected = EXACT[kind]
-    exp = np.load(expected)
+    matches_transformers(path, np.load(expected), backend)
+
+
+def matches_transformers(path: Path, exp, backend: str) -> None:
+    """Teacher-forced logits within 2e-4 of transformers' (prefill too when recorded) and the same
+    32 greedy tokens."""
     llm, logits = logits_of(path, exp, backend)
     P = len(exp["prompt_ids"])
     if "prefill_logits" in exp:
