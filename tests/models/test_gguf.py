@@ -248,10 +248,11 @@ def test_a_split_set_missing_a_part_is_named(tmp_path):
 
 
 def test_generate_and_serve_a_gguf_file():
-    """The user's path: the CLI and the HTTP API through the OpenAI SDK."""
+    """The user's path: the CLI and the HTTP API through the OpenAI and Anthropic SDKs."""
     import subprocess
     import sys
 
+    import anthropic
     import openai
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
     from server_helpers import ServerProcess
@@ -269,6 +270,9 @@ def test_generate_and_serve_a_gguf_file():
         answer = client.chat.completions.create(model=card.id, max_tokens=4, temperature=0,
                                                 messages=[{"role": "user", "content": "hi"}])
         assert answer.usage.completion_tokens == 4 and answer.choices[0].finish_reason == "length"
+        reply = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0).messages.create(
+            model=card.id, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert reply.usage.output_tokens == 4 and reply.stop_reason == "max_tokens"
     finally:
         server.stop()
 
