@@ -29,17 +29,18 @@ def place_weights(ops, weights):
 def _dense_to(to_device):
     """to_device of an array widened first when it is in GGUF blocks (kernels/qblocks.py; a tuple
     of parts is concatenated): the CUDA linear and embedding ops read dense weights only, for now."""
+    from freetoken.kernels._bf16 import to_f32
     from freetoken.kernels.qformats import dequantize_ref, is_quantized
-    widened = []
+    said = [False]
 
     def dense(a):
-        if isinstance(a, tuple):
-            return np.concatenate([dense(p) for p in a])
+        if isinstance(a, tuple):             # q/k/v parts: one f32 array (a bf16 part widened too)
+            return np.concatenate([to_f32(dense(p)) for p in a])
         if not is_quantized(a):
             return a
-        if not widened:
-            logger.info("quantized dense weights widened to f32 for the cuda backend")
-        widened.append(a.nbytes)
+        if not said[0]:
+            said[0] = True
+            logger.info("quantized dense weights (GGUF blocks, FP8 row blocks) widened to f32 for the cuda backend")
         return dequantize_ref(a)
 
     return lambda a: to_device(dense(a))

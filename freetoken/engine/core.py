@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from freetoken.config import EngineConfig
+from freetoken.config import ConfigError, EngineConfig
 from freetoken.engine import build
 from freetoken.engine.facts import after_loading, probe_gpu
 from freetoken.engine.plan import compute_backend, make_plan
@@ -43,12 +43,17 @@ class EngineCore:
         self.config = config
         check_config(config)                      # a bad flag fails before CuPy or the model loads
         facts = probe_gpu(config)
-        compute_backend(config.backend, facts)    # so does --backend cuda without a GPU
+        compute = compute_backend(config.backend, facts)   # so does --backend cuda without a GPU
+        if config.quantize_experts != "none" and compute.value == "cuda":
+            raise ConfigError(f"--quantize-experts {config.quantize_experts} runs on the cpu backend only: the CUDA "
+                              "ops widen quantized experts back to fp32 for now")
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config
-        self.tokenizer = loaded.tokenizer
-        self.weights = quantize_experts(loaded.weights, cfg.moe_layers, config.quantize_experts, logger)
+        self.tokenizer, weights = loaded.tokenizer, loaded.weights
+        del loaded                                # the dense experts go once the quantized ones replace them
+        self.weights = quantize_experts(weights, cfg.moe_layers, config.quantize_experts, logger)
+        del weights
         self._grammars = self._start_grammars()    # on a thread, overlapping the rest of start-up
         self.facts = after_loading(facts, self.weights, cfg.moe_layers)
         self.plan = make_plan(cfg, config, self.facts)

@@ -27,7 +27,10 @@ def after_loading(facts: DeviceFacts, weights, moe_layers: tuple) -> DeviceFacts
     memory left, and on a GPU (the compute backend whenever one was probed and found) its free
     memory and this GPU's bandwidth profile for the format."""
     from freetoken.env import available_memory_bytes
+    from freetoken.kernels.qformats import is_quantized
     fmt = "bf16" if weights.embed.dtype == np.uint16 else "f32"
+    if facts.gpu_missing is None and any(is_quantized(weights.layers[i].gate_up) for i in moe_layers):
+        fmt = "f32"            # the CUDA path widens quantized experts to f32 (moe/runtime.widened_banks)
     facts = replace(facts, weights_dtype=fmt, host_available_bytes=available_memory_bytes())
     if facts.gpu_missing is not None:
         return facts

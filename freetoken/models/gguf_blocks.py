@@ -20,7 +20,7 @@ def block_format(t):
 
 
 def read_blocks(t) -> np.ndarray:
-    """A quantized tensor's blocks, uint8[*rows, M/V... , B]: t.shape with the last axis as blocks."""
+    """A quantized tensor's blocks: t.shape with its last axis (values) as [values/V, B]."""
     from freetoken.models.safetensors_io import read_spans
     out = np.empty(t.shape[:-1] + _blocks(t), np.uint8)
     read_spans(t.file, [(t.offset, out)])

@@ -17,10 +17,14 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
     return model_config_from_dict(json.loads(path.read_text()))
 
 
-def _check_quantization(qc) -> None:
-    """A quantized checkpoint FreeToken reads: Qwen's block FP8 (models/fp8_weights.py) only."""
+def _check_quantization(qc, arch: str) -> None:
+    """A quantized checkpoint FreeToken reads: Qwen's block FP8 of a Qwen3-MoE (models/fp8_weights.py)
+    only; the GDN loaders' packed projections do not read FP8 yet."""
     if qc is None:
         return
+    if arch != "Qwen3MoeForCausalLM":
+        raise ConfigError(f"a quantized {arch} checkpoint (quantization_config): FreeToken reads block FP8 for "
+                          "Qwen3MoeForCausalLM only, and GGUF files of qwen3moe (docs/formats.md)")
     method, block = qc.get("quant_method"), qc.get("weight_block_size")
     if method != "fp8":
         raise ConfigError(f"quantization_config.quant_method {method!r}: FreeToken reads block FP8 (\"fp8\") "
@@ -39,7 +43,7 @@ def model_config_from_dict(top: dict) -> ModelConfig:
     cfg = top
     if fam.text_config and "text_config" in top:   # the wrapper's own tie flag wins (transformers reads only it)
         cfg = {**top, **top["text_config"], "tie_word_embeddings": top.get("tie_word_embeddings", False)}
-    _check_quantization(top.get("quantization_config"))
+    _check_quantization(top.get("quantization_config"), arch)
     theta, scaling = _rope_fields(cfg)
     heads = cfg["num_attention_heads"]
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))

@@ -27,7 +27,7 @@ class LayerWeights:
 
     input_norm: np.ndarray    # [H]
     post_norm: np.ndarray     # [H]
-    qkv: np.ndarray           # [(Hq+2G)*D, H]  q rows, then k rows, then v rows
+    qkv: np.ndarray | tuple   # [(Hq+2G)*D, H]  q rows, then k rows, then v rows (GGUF of mixed formats: the parts)
     o_proj: np.ndarray        # [H, Hq*D]
     q_norm: np.ndarray        # [D]
     k_norm: np.ndarray        # [D]

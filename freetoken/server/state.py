@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from freetoken.engine.async_engine import AsyncEngine, EngineNotReady
 from freetoken.server.budget import TokenLimit
 from freetoken.server.config import ServerConfig
@@ -84,11 +86,15 @@ class ServerState:
 
 
 def _generation_defaults(model_dir: Path) -> dict:
-    path = model_dir / "generation_config.json"
-    try:
-        gen = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        gen = {}
+    from freetoken.models.gguf_file import is_gguf
+    if is_gguf(model_dir):
+        gen = _gguf_sampling(model_dir)
+    else:
+        path = model_dir / "generation_config.json"
+        try:
+            gen = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError):
+            gen = {}
     if gen.get("do_sample") is False:
         return {"temperature": 0.0}
     out = {}
@@ -96,6 +102,20 @@ def _generation_defaults(model_dir: Path) -> dict:
         if isinstance(gen.get(key), (int, float)) and not isinstance(gen.get(key), bool):
             out[key] = kind(gen[key])
     return out
+
+
+def _gguf_sampling(path: Path) -> dict:
+    """A GGUF file's `general.sampling.*` keys (llama.cpp's converter writes them from the
+    checkpoint's generation_config.json) under generation_config.json's names."""
+    from freetoken.models.gguf_file import GGUFError, open_gguf
+    try:
+        metadata = open_gguf(path).metadata
+    except (GGUFError, OSError):          # the server is up with the model loaded: a file changed since
+        return {}
+    names = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
+    # float32 values read back as the decimal they were written from (0.7, not 0.699999988)
+    return {ours: int(v) if key == "top_k" else float(str(np.float32(v)))
+            for key, ours in names.items() if (v := metadata.get(f"general.sampling.{key}")) is not None}
 
 
 def new_id(prefix: str) -> str:

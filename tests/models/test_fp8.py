@@ -104,6 +104,9 @@ def test_bad_checkpoints_are_one_clear_error(pair, tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {**cfg["quantization_config"], **change}}))
         with pytest.raises(ConfigError, match=message):
             read_model_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3NextForCausalLM"]}))
+    with pytest.raises(ConfigError, match="block FP8 for Qwen3MoeForCausalLM only"):   # GDN loaders: not yet
+        read_model_config(tmp_path)
     from freetoken.models.safetensors_io import Checkpoint
     ck = Checkpoint(fp8)
     tensors = {n: ck.get(n, ck.shape(n)) for n in ck.names()}

@@ -291,3 +291,21 @@ def test_the_cuda_backend_gives_the_cpu_tokens(moe):
         assert out.token_ids == exp["greedy_ids"].tolist()
     finally:
         llm.core.close()
+
+
+def test_sampling_defaults_come_from_the_files_general_sampling_keys(tmp_path):
+    """llama.cpp's converter writes generation_config.json's sampling into general.sampling.*; the
+    server's defaults read them as it reads a directory's generation_config.json."""
+    import gguf as g
+
+    from freetoken.server.state import _generation_defaults
+    path = tmp_path / "m.gguf"
+    w = g.GGUFWriter(str(path), "qwen3moe")
+    w.add_float32("general.sampling.temp", 0.7)
+    w.add_float32("general.sampling.top_p", 0.8)
+    w.add_int32("general.sampling.top_k", 20)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()
+    assert _generation_defaults(path) == {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    assert _generation_defaults(gguf("q8_0")) == {}          # a file without them: the APIs' defaults

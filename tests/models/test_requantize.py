@@ -52,3 +52,9 @@ def test_rows_that_are_not_whole_blocks_are_one_error(tmp_path):
     d = write_random_model(tmp_path, hidden=96, heads=2, kv_heads=1, head_dim=48, moe_intermediate=64)
     with pytest.raises(ConfigError, match="--quantize-experts fp8: expert rows of 96 values"):
         LLM(str(d), backend="cpu", quantize_experts="fp8")
+
+
+@pytest.mark.gpu
+def test_the_cuda_backend_refuses_it_before_loading(model_dir):
+    with pytest.raises(ConfigError, match="--quantize-experts q8_0 runs on the cpu backend only"):
+        LLM(str(model_dir), backend="cuda", quantize_experts="q8_0")
