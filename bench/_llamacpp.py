@@ -168,7 +168,11 @@ def quantize(lc: LlamaCpp, src: Path, qtype: str, threads: int, log=print) -> Pa
         raise SystemExit(f"--quant needs llama-quantize beside {lc.bench} (build its llama-quantize target)")
     log(f"# quantizing {src.name} to {out.name} with {lc.quantizer}")
     partial = out.with_suffix(".partial")
-    subprocess.run([lc.quantizer, src, partial, qtype, str(threads)], check=True, stdout=subprocess.DEVNULL)
+    run = subprocess.run([lc.quantizer, src, partial, qtype, str(threads)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    if run.returncode:
+        partial.unlink(missing_ok=True)
+        raise SystemExit(f"llama-quantize {qtype} failed: {run.stderr.strip().splitlines()[-1:]}")
     partial.rename(out)
     return out
 

@@ -202,5 +202,10 @@ def test_quant_runs_both_engines_on_one_quantized_file(cmp, tmp_path, monkeypatc
     assert _llamacpp.quantize(lc, src, "Q4_K_M", 2) == gguf        # made once: not made again
     with pytest.raises(SystemExit, match="llama-quantize"):
         _llamacpp.quantize(_llamacpp.LlamaCpp(lc.bench, lc.completion, lc.converter, {}), src, "Q8_0", 2)
+    tool.write_text("#!/bin/sh\necho 'invalid type' >&2\ntouch \"$2\"\nexit 1\n")
+    tool.chmod(0o755)
+    with pytest.raises(SystemExit, match="llama-quantize Q9 failed.*invalid type"):
+        _llamacpp.quantize(lc, src, "Q9", 2)
+    assert not list(tmp_path.glob("*.partial"))
     engines, _, _, _ = cmp.setup(cmp.parse_args([]))
     assert engines[0].hf == tmp_path / "hf" and engines[1].gguf == src
