@@ -26,14 +26,17 @@ def test_experts_become_blocks_close_to_the_dense_weights(model_dir, fmt, tol):
     for i in cfg.moe_layers:
         lw, ref = quant.core.weights.layers[i], dense.core.weights.layers[i]
         assert format_of(lw.gate_up).name == {"q8_0": "q8_0", "fp8": "fp8_b128"}[fmt]
-        want = ref.gate_up.astype(np.uint32) << 16                     # bf16 bits -> f32 bits
-        want = want.view(np.float32)
+        want = (ref.gate_up.astype(np.uint32) << 16).view(np.float32)       # bf16 bits -> f32
         assert np.sqrt(np.mean((dequantize_ref(lw.gate_up) - want) ** 2) / np.mean(want ** 2)) < tol
+    dense.core.close(), quant.core.close()
     tokens = {}
     for moe in ("fused", "cpu", "hybrid"):
         extra = dict(moe_cache_rate=0.5) if moe == "hybrid" else {}
         llm = LLM(str(model_dir), backend="cpu", quantize_experts=fmt, moe_backend=moe, **extra)
-        tokens[moe] = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+        try:
+            tokens[moe] = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+        finally:
+            llm.core.close()
     assert tokens["cpu"] == tokens["fused"] == tokens["hybrid"]
 
 
