@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fp8_checkpoints import write_fp8_pair
-from test_gguf import matches_transformers
+from test_gguf import matches_transformers, served_name_after_two_sdk_answers
 
 from freetoken import LLM, SamplingParams
 from freetoken.config import ConfigError
@@ -132,21 +132,4 @@ def test_bad_checkpoints_are_one_clear_error(pair, tmp_path):
 
 def test_serve_an_fp8_checkpoint_through_both_sdks():
     """The user's path: `serve --model DIR` on the FP8 fixture, the OpenAI and Anthropic SDKs."""
-    import sys
-
-    import anthropic
-    import openai
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-    from server_helpers import ServerProcess
-    server = ServerProcess("--model", str(FIXTURES / "f32_scales"), "--backend", "cpu")
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        (card,) = client.models.list().data
-        answer = client.chat.completions.create(model=card.id, max_tokens=4, temperature=0,
-                                                messages=[{"role": "user", "content": "hi"}])
-        assert answer.usage.completion_tokens == 4 and answer.choices[0].finish_reason == "length"
-        reply = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0).messages.create(
-            model=card.id, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
-        assert reply.usage.output_tokens == 4 and reply.stop_reason == "max_tokens"
-    finally:
-        server.stop()
+    assert served_name_after_two_sdk_answers(FIXTURES / "f32_scales") == "f32_scales"

@@ -251,28 +251,35 @@ def test_generate_and_serve_a_gguf_file():
     """The user's path: the CLI and the HTTP API through the OpenAI and Anthropic SDKs."""
     import subprocess
     import sys
-
-    import anthropic
-    import openai
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-    from server_helpers import ServerProcess
     r = subprocess.run([sys.executable, "-m", "freetoken", "generate", "--model", str(gguf("q8_0")),
                         "--backend", "cpu", "--prompt", "import os", "--max-tokens", "4", "--ignore-eos"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "generated tokens 4" in r.stderr, r.stderr[-2000:]
     assert "tensors kept in their blocks, none widened to f32 at load" in r.stderr, r.stderr[-2000:]
     assert "GGUF experts kept in the file's blocks (Q8_0)" in r.stderr, r.stderr[-2000:]
-    server = ServerProcess("--model", str(gguf("q8_0")), "--backend", "cpu")
+    assert served_name_after_two_sdk_answers(gguf("q8_0")) == "qwen3moe_norm-q8_0.gguf"
+
+
+def served_name_after_two_sdk_answers(model: Path) -> str:
+    """`serve --model MODEL --backend cpu` answers 4 tokens through the OpenAI and the Anthropic
+    SDK; the name it serves the model by."""
+    import sys
+
+    import anthropic
+    import openai
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from server_helpers import ServerProcess
+    server = ServerProcess("--model", str(model), "--backend", "cpu")
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         (card,) = client.models.list().data
-        assert card.id == "qwen3moe_norm-q8_0.gguf"
         answer = client.chat.completions.create(model=card.id, max_tokens=4, temperature=0,
                                                 messages=[{"role": "user", "content": "hi"}])
         assert answer.usage.completion_tokens == 4 and answer.choices[0].finish_reason == "length"
         reply = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0).messages.create(
             model=card.id, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
         assert reply.usage.output_tokens == 4 and reply.stop_reason == "max_tokens"
+        return card.id
     finally:
         server.stop()
 
