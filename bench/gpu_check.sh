@@ -28,6 +28,8 @@ KARGS="--device cuda --check --bench"
 BENCHES=(
   "gpu decode e2e|240|$PY bench/gpu_decode.py --out $LOGS/gpu_decode.json"
   "moe backends (gpu_moe)|200|$PY bench/gpu_moe.py --out $LOGS/gpu_moe.json"
+  "bench bw bf16 (30B-A3B)|90|$PY -m freetoken bench bw --model synth:qwen3-30b-a3b,layers=2 --bank-mib 512 --iters 32 --seconds 1 --out $LOGS/bench_bw.json"
+  "bench bw q4_k (30B-A3B)|90|$PY -m freetoken bench bw --model synth:qwen3-30b-a3b,layers=2 --format q4_k --bank-mib 512 --iters 32 --seconds 1 --out $LOGS/bench_bw.json"
   "checkpoint copies|150|$PY bench/checkpoint_cost.py --backend cuda --tokens 2048 --repeats 3 --out $LOGS/checkpoint_cost.json"
   "gpu decode kernels|150|$PY bench/kernels/gpu_decode_kernels.py --out $LOGS/gpu_decode_kernels.json"
   "experts decode|60|$KERNEL experts $KARGS --iters 200"

@@ -1,11 +1,15 @@
 // gemv_common.cuh -- weight loads, warp row-dot products and the shared-memory GEMM tile used by
 // linear.cu, experts.cu and attention.cu.
-// Weights arrive as bf16 bits (u16) or f32 and are widened to f32 on load; all accumulation is
-// f32. Work is done in 8-element chunks: one 16-byte load of bf16, two of f32. Vector paths
-// need K % 8 == 0 and 16-byte aligned rows (checked at run time, since a contiguous view may
-// start at an odd offset); every other case takes a scalar path, so any K is correct.
+// Weights arrive as bf16 bits (u16) or f32 and are widened to f32 on load, or as quantized blocks
+// (QPtr<C>, qblocks.cuh) dequantized on load; all accumulation is f32. Work is done in 8-element
+// chunks: one 16-byte load of bf16, two of f32, the bytes of 8 values of a block. Dense vector
+// paths need K % 8 == 0 and 16-byte aligned rows (checked at run time, since a contiguous view may
+// start at an odd offset); every other case takes a scalar path, so any K is correct. A
+// quantized row is whole blocks (K % 32 == 0), so it always takes the vector path.
+// A weight matrix is `const W*` (dense) or QPtr<C>: mat_row / mat_skip / mat_units address both.
 #pragma once
 #include "common.cuh"
+#include "qblocks.cuh"
 
 __device__ __forceinline__ float to_f32(unsigned short v) { return bf16_to_f32(v); }
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -46,6 +50,37 @@ __device__ __forceinline__ void load8_n(const W* p, int n, float (&v)[8]) {
   for (int i = 0; i < 8; ++i) v[i] = i < n ? to_f32(p[i]) : 0.f;
 }
 
+// --- weight matrices and rows: dense `const W*` or quantized QPtr<C> -------------------------
+// Storage units: elements of W, or bytes of blocks. mat_units(w, K): units of a row of K values.
+template <typename W> __device__ __forceinline__ size_t mat_units(const W*, int K) { return K; }
+template <int C> __device__ __forceinline__ size_t mat_units(QPtr<C>, int K) { return q_row_bytes<C>(K); }
+// w advanced by n storage units (an expert's slot, the up half of gate_up)
+template <typename W> __device__ __forceinline__ const W* mat_skip(const W* w, size_t n) { return w + n; }
+template <int C> __device__ __forceinline__ QPtr<C> mat_skip(QPtr<C> w, size_t n) { return {w.p + n}; }
+// row m of a matrix of rows of K values
+template <typename M> __device__ __forceinline__ M mat_row(M w, int K, size_t m) {
+  return mat_skip(w, m * mat_units(w, K));
+}
+template <int C> __device__ __forceinline__ bool aligned16(QPtr<C>) { return true; }
+// values k .. k+7 of a row (k % 8 == 0; dense: 16-byte aligned at k)
+template <typename W> __device__ __forceinline__ void row_load8(const W* row, int k, float (&v)[8]) {
+  load8(row + k, v);
+}
+template <int C> __device__ __forceinline__ void row_load8(QPtr<C> row, int k, float (&v)[8]) {
+  qload8<C>(row.p, k, v);
+}
+// the first n values from k (n may be <= 0: nothing is read), zeros after
+template <typename W>
+__device__ __forceinline__ void row_load8_n(const W* row, int k, int n, float (&v)[8]) {
+  load8_n(row + k, n, v);
+}
+template <int C>
+__device__ __forceinline__ void row_load8_n(QPtr<C> row, int k, int n, float (&v)[8]) {
+  if (n > 0) qload8<C>(row.p, k, v);  // a quantized row has whole blocks: n >= 8 when n > 0
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = i < n ? v[i] : 0.f;
+}
+
 // --- warp row-dot products (decode GEMVs) ---------------------------------------------------
 // acc[r][t] += lane's share of dot(rows[r][0..K), x[t*K .. t*K+K)) for NR weight rows and NT
 // activation rows; reduce acc across the warp afterwards. Chunks are strided over the lanes and
@@ -65,9 +100,24 @@ __device__ __forceinline__ void rows_dot_scalar(const W* const (&rows)[NR], cons
       for (int t = 0; t < NT; ++t) acc[r][t] += wk * x[(size_t)t * K + k];
     }
 }
+// Quantized rows (whole blocks, so K % 8 == 0) with an unaligned x: 8 values per lane per step.
+template <int NR, int NT, int C>
+__device__ __forceinline__ void rows_dot_scalar(const QPtr<C> (&rows)[NR], const float* x, int K,
+                                                float (&acc)[NR][NT]) {
+  for (int k = 8 * (threadIdx.x & 31); k < K; k += 256)
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      float wv[8];
+      qload8<C>(rows[r].p, k, wv);
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][t] += wv[i] * x[(size_t)t * K + k + i];
+    }
+}
 
-template <int NR, int NT, typename W>
-__device__ __forceinline__ void rows_dot(const W* const (&rows)[NR], const float* x, int K,
+template <int NR, int NT, typename R>
+__device__ __forceinline__ void rows_dot(const R (&rows)[NR], const float* x, int K,
                                          float (&acc)[NR][NT]) {
   bool vec = (K & 7) == 0 && aligned16(x);
 #pragma unroll
@@ -80,7 +130,7 @@ __device__ __forceinline__ void rows_dot(const W* const (&rows)[NR], const float
     for (int u = 0; u < ROW_UNROLL; ++u)
 #pragma unroll
       for (int r = 0; r < NR; ++r)
-        if (c0 + 32 * u < nc) load8(rows[r] + 8 * (c0 + 32 * u), wv[r][u]);
+        if (c0 + 32 * u < nc) row_load8(rows[r], 8 * (c0 + 32 * u), wv[r][u]);
 #pragma unroll
     for (int u = 0; u < ROW_UNROLL; ++u) {
       if (c0 + 32 * u >= nc) continue;
@@ -109,14 +159,14 @@ __device__ __forceinline__ void rows_dot(const W* const (&rows)[NR], const float
 #define TILE_PAD (TILE_M + 4)  // keeps float4 alignment of rows and spreads shared-memory banks
 
 // sw[k][m] = w[m0+m][k0+k]; zeros outside [0,M) x [0,K). Thread: row tid/4, 8 columns.
-template <typename W>
-__device__ __forceinline__ void stage_w(float (*sw)[TILE_PAD], const W* w, int m0, int M, int K,
+template <typename Mt>
+__device__ __forceinline__ void stage_w(float (*sw)[TILE_PAD], Mt w, int m0, int M, int K,
                                         int k0, bool vec) {
   const int r = threadIdx.x >> 2, kc = (threadIdx.x & 3) * 8, m = m0 + r, k = k0 + kc;
-  const W* p = w + (size_t)(m < M ? m : 0) * K + k;
+  const Mt row = mat_row(w, K, m < M ? m : 0);
   float v[8];
-  if (m < M && vec && k < K) load8(p, v);   // vec implies K % 8 == 0: k < K means k + 8 <= K
-  else load8_n(p, m < M ? K - k : 0, v);
+  if (m < M && vec && k < K) row_load8(row, k, v);   // vec implies K % 8 == 0: k < K means k + 8 <= K
+  else row_load8_n(row, k, m < M ? K - k : 0, v);
 #pragma unroll
   for (int i = 0; i < 8; ++i) sw[kc + i][r] = v[i];
 }
@@ -135,9 +185,9 @@ __device__ __forceinline__ void stage_x(float (*sx)[TILE_PAD], const float* x, c
 
 // acc[NW][i][j] += sum over the whole K of x[srow[ty*4+i]] . w[NW][m0+tx*4+j]; sw holds NW slabs.
 // Must be called by all TILE_THREADS threads (it synchronises the block).
-template <int NW, typename W>
+template <int NW, typename Mt>
 __device__ void tile_accumulate(float (*sw)[TILE_K][TILE_PAD], float (*sx)[TILE_PAD],
-                                const W* const* w, int m0, int M, const float* x,
+                                const Mt* w, int m0, int M, const float* x,
                                 const int* srow, int K, float (&acc)[NW][4][4]) {
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
   bool wvec = (K & 7) == 0;

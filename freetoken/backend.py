@@ -72,11 +72,22 @@ def visible_device() -> str:
 
 # Result allocation of each op when the caller passes no `out` (eager CUDA calls). `gpu` wrappers
 # never allocate, so that captured graphs see fixed addresses; callers that capture pass `out`.
+def _columns(table) -> int:
+    """Values per row of a weight (a quantized one's logical width, kernels/qformats.py)."""
+    from freetoken.kernels.qformats import logical_shape
+    return logical_shape(table)[1]
+
+
+def _rows(w) -> int:
+    """Rows of a weight, or of a tuple of parts stacked along its rows (q/k/v of two formats)."""
+    return sum(p.shape[0] for p in w) if isinstance(w, tuple) else w.shape[0]
+
+
 _RESULTS = {
-    "embedding": lambda xp, ids, table, *_: xp.empty((ids.shape[0], table.shape[1]), xp.float32),
+    "embedding": lambda xp, ids, table, *_: xp.empty((ids.shape[0], _columns(table)), xp.float32),
     "rms_norm": lambda xp, x, *_: xp.empty_like(x),
     "rope": lambda xp, x, *_: xp.empty_like(x),
-    "linear": lambda xp, x, w, *_: xp.empty((x.shape[0], w.shape[0]), xp.float32),
+    "linear": lambda xp, x, w, *_: xp.empty((x.shape[0], _rows(w)), xp.float32),
     "attention": lambda xp, q, *_: xp.empty_like(q),
     "router": lambda xp, logits, k, *_: (xp.empty((logits.shape[0], k), xp.int32),
                                          xp.empty((logits.shape[0], k), xp.float32)),

@@ -66,3 +66,27 @@ def test_device_run_measures_the_fill_path_and_the_pair(tmp_path):
     assert "B_P" in proc.stdout and "contended pair" in proc.stdout and "phi" in proc.stdout
     (gpu,) = json.loads(out.read_text())["profiles"].values()
     assert gpu["bf16"]["b_p_gbs"] > 0 and gpu["bf16"]["contended"]["pcie_gbs"] > 0
+
+
+def test_a_quantized_format_has_its_own_entry(no_gpu, capsys):
+    """--format q8_0: B_H of the CPU kernel reading blocks, filed under "q8_0" beside "bf16" (the
+    engine loads the entry of its experts' format); a shape that is not whole blocks is refused."""
+    for fmt in ("bf16", "q8_0"):
+        assert main(["bench", "bw", "--model", "synth:tiny", "--format", fmt, "--iters", "4", "--bank-mib", "1"]) == 0
+    assert "q8_0 experts of" in capsys.readouterr().out
+    entries = json.loads((no_gpu / "bench_bw.json").read_text())["profiles"][NO_GPU]
+    assert entries["q8_0"]["expert_bytes"] == 3 * 64 * 32 // 32 * 34 and entries["q8_0"]["b_h_gbs"] > 0
+    assert entries["bf16"]["expert_bytes"] == 3 * 64 * 32 * 2
+    assert load_profile(NO_GPU, "q8_0").format == "q8_0"
+    with pytest.raises(SystemExit, match="whole blocks of 256"):
+        main(["bench", "bw", "--model", "synth:tiny", "--format", "q4_k", "--iters", "2", "--bank-mib", "1"])
+
+
+@pytest.mark.gpu
+def test_device_run_of_a_quantized_format(tmp_path):
+    """B_P of quantized slots: the fill kernel's u8 copy moves the blocks as stored."""
+    out = tmp_path / "bw.json"
+    assert main(["bench", "bw", "--model", "synth:tiny", "--format", "q8_0", "--bank-mib", "1", "--iters", "4",
+                 "--seconds", "0.2", "--out", str(out)]) == 0
+    (gpu,) = json.loads(out.read_text())["profiles"].values()
+    assert gpu["q8_0"]["b_p_gbs"] > 0 and gpu["q8_0"]["expert_bytes"] == 3 * 64 * 32 // 32 * 34

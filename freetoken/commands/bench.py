@@ -24,6 +24,8 @@ from freetoken.log import logger
 from freetoken.cupy_loader import cupy as load_cupy
 
 WARMUP = 8
+EXPERT_FORMATS = ("bf16", "f32", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
+                  "q5_k", "q6_k", "fp8_b128")   # kernels/qformats.py's names after the dense two
 
 
 def register(sub) -> None:
@@ -37,6 +39,9 @@ def register(sub) -> None:
     bw.add_argument("--out", default=None, help="profile file (default: $FREETOKEN_HOME/bench_bw.json)")
     bw.add_argument("--iters", type=int, default=64, help="timed steps per measurement (default: 64)")
     bw.add_argument("--seconds", type=float, default=2.0, help="contended pair duration (default: 2)")
+    bw.add_argument("--format", default=None, choices=EXPERT_FORMATS, metavar="FORMAT",
+                    help="expert format measured: bf16, f32 or a quantized one (q8_0, q4_k, q6_k, "
+                         "fp8_b128, ...); each has its own profile entry (default: the model's dtype)")
     bw.add_argument("--bank-mib", type=int, default=1024,
                     help="synthetic expert bank size in MiB; keep it well above the LLC (default: 1024)")
     bw.set_defaults(run=run)
@@ -59,8 +64,11 @@ def expert_shape(model: str | None) -> dict:
 
 def synthetic_bank(shape: dict, budget_bytes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """gate_up [n,2I,H], down [n,H,I]; n >= 2k so consecutive windows are disjoint. bf16 values
-    are |w| in [2^-8, 2^-4) with random sign and mantissa: no denormals to slow the kernel."""
+    are |w| in [2^-8, 2^-4) with random sign and mantissa: no denormals to slow the kernel.
+    A quantized format: random blocks with small finite scales (qformats.random_blocks)."""
     H, I, k = shape["hidden"], shape["width"], shape["top_k"]
+    if shape["format"] not in ("bf16", "f32"):
+        return _quantized_bank(shape, budget_bytes, seed)
     dtype = np.uint16 if shape["format"] == "bf16" else np.float32
     per = 3 * I * H * np.dtype(dtype).itemsize
     n = max(2 * k, min(shape["experts"], budget_bytes // per))
@@ -72,6 +80,18 @@ def synthetic_bank(shape: dict, budget_bytes: int, seed: int = 0) -> tuple[np.nd
         bits = rng.integers(0, 1 << 16, dims, dtype=np.uint16)
         return (bits & np.uint16(0x81FF)) | np.uint16(119 << 7)
     return make(n, 2 * I, H), make(n, H, I)
+
+
+def _quantized_bank(shape: dict, budget_bytes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from freetoken.kernels.qformats import format_named, random_blocks
+    H, I, k, fmt = shape["hidden"], shape["width"], shape["top_k"], format_named(shape["format"])
+    if H % fmt.values or I % fmt.values:
+        raise SystemExit(f"bench bw --format {fmt.name}: the hidden size {H} and expert width {I} must be "
+                         f"whole blocks of {fmt.values} values")
+    per = 3 * H * I // fmt.values * fmt.nbytes
+    n = max(2 * k, min(shape["experts"], budget_bytes // per))
+    rng = np.random.default_rng(seed)
+    return random_blocks(fmt.name, (n, 2 * I), H, rng), random_blocks(fmt.name, (n, H), I, rng)
 
 
 def _windows(n: int, k: int):
@@ -188,6 +208,8 @@ def run(args) -> int:
     from freetoken.moe import profile as prof
     from freetoken.moe.cpu_branch import measure_handoff
     shape = expert_shape(args.model)
+    if args.format:
+        shape["format"] = args.format
     bank = synthetic_bank(shape, args.bank_mib << 20)
     per = bank[0][0].nbytes + bank[1][0].nbytes
     no_gpu = cuda_unavailable_reason()

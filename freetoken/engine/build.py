@@ -27,31 +27,25 @@ def place_weights(ops, weights):
 
 
 def _dense_to(to_device):
-    """to_device of an array widened first when it is in GGUF blocks (kernels/qblocks.py; a tuple
-    of parts is concatenated): the CUDA linear and embedding ops read dense weights only, for now."""
-    from freetoken.kernels._bf16 import to_f32
-    from freetoken.kernels.qformats import dequantize_ref, is_quantized
-    said = [False]
+    """to_device of a weight; a quantized one keeps its blocks (the CUDA linear and embedding ops
+    read them: cuda/linear_quant.cu, qblocks.cu) and a tuple of parts (q/k/v of two formats) moves
+    part by part."""
+    def move(a):
+        return tuple(move(p) for p in a) if isinstance(a, tuple) else to_device(a)
 
-    def dense(a):
-        if isinstance(a, tuple):             # q/k/v parts: one f32 array (a bf16 part widened too)
-            return np.concatenate([to_f32(dense(p)) for p in a])
-        if not is_quantized(a):
-            return a
-        if not said[0]:
-            said[0] = True
-            logger.info("quantized dense weights (GGUF blocks, FP8 row blocks) widened to f32 for the cuda backend")
-        return dequantize_ref(a)
+    return move
 
-    return lambda a: to_device(dense(a))
+
+def device_fields(lw) -> list[str]:
+    """The layer's weights that live on the device: all but the routed expert banks, which stay in
+    host memory for the MoE runtime (a dense layer's one-expert bank moves: it always runs)."""
+    keep = {"gate_up", "down"} if lw.router is not None else set()
+    return [f.name for f in fields(lw) if f.name not in keep and getattr(lw, f.name) is not None]
 
 
 def placed(lw, dev):
-    """The layer with every array moved by ``dev`` except the routed expert banks, which stay in
-    host memory for the MoE runtime (a dense layer's one-expert bank moves: it always runs)."""
-    keep = {"gate_up", "down"} if lw.router is not None else set()
-    return replace(lw, **{f.name: dev(getattr(lw, f.name)) for f in fields(lw)
-                          if f.name not in keep and getattr(lw, f.name) is not None})
+    """The layer with its device_fields moved by ``dev``."""
+    return replace(lw, **{name: dev(getattr(lw, name)) for name in device_fields(lw)})
 
 
 def make_kv_pool(cfg, plan, xp) -> KVPool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from freetoken.config import ConfigError, EngineConfig
+from freetoken.config import EngineConfig
 from freetoken.engine import build
 from freetoken.engine.facts import after_loading, probe_gpu
 from freetoken.engine.plan import compute_backend, make_plan
@@ -43,10 +43,7 @@ class EngineCore:
         self.config = config
         check_config(config)                      # a bad flag fails before CuPy or the model loads
         facts = probe_gpu(config)
-        compute = compute_backend(config.backend, facts)   # so does --backend cuda without a GPU
-        if config.quantize_experts != "none" and compute.value == "cuda":
-            raise ConfigError(f"--quantize-experts {config.quantize_experts} runs on the cpu backend only: the CUDA "
-                              "ops widen quantized experts back to fp32 for now")
+        compute_backend(config.backend, facts)    # so does --backend cuda without a GPU
         loaded = load_model(config.model, logger)
         self.model_name, self.model_dir = loaded.name, loaded.path
         self.model_config = cfg = loaded.config

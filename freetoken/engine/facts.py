@@ -23,20 +23,44 @@ def probe_gpu(config) -> DeviceFacts:
 
 
 def after_loading(facts: DeviceFacts, weights, moe_layers: tuple) -> DeviceFacts:
-    """The facts the plan needs once the weights are in host memory: their format, the host
-    memory left, and on a GPU (the compute backend whenever one was probed and found) its free
-    memory and this GPU's bandwidth profile for the format."""
+    """The facts the plan needs once the weights are in host memory: their format (and, quantized,
+    their bytes as stored), the host memory left, and on a GPU (the compute backend whenever one
+    was probed and found) its free memory and this GPU's bandwidth profile for the experts' format."""
     from freetoken.env import available_memory_bytes
-    from freetoken.kernels.qformats import is_quantized
     fmt = "bf16" if weights.embed.dtype == np.uint16 else "f32"
-    if facts.gpu_missing is None and any(is_quantized(weights.layers[i].gate_up) for i in moe_layers):
-        fmt = "f32"            # the CUDA path widens quantized experts to f32 (moe/runtime.widened_banks)
-    facts = replace(facts, weights_dtype=fmt, host_available_bytes=available_memory_bytes())
+    facts = replace(facts, weights_dtype=fmt, host_available_bytes=available_memory_bytes(),
+                    stored_bytes=stored_bytes(weights, moe_layers))
     if facts.gpu_missing is not None:
         return facts
     from freetoken.cupy_loader import cupy as load_cupy
     from freetoken.moe.device import gpu_identity
     from freetoken.moe.profile import load_profile
     cupy = load_cupy()
-    profile = load_profile((gpu_identity() or ("unknown", ""))[0], fmt, log=logger) if moe_layers else None
+    key = expert_format(weights, moe_layers) or fmt
+    profile = load_profile((gpu_identity() or ("unknown", ""))[0], key, log=logger) if moe_layers else None
     return replace(facts, free_device_bytes=int(cupy.cuda.runtime.memGetInfo()[0]), profile=profile)
+
+
+def expert_format(weights, moe_layers: tuple) -> str | None:
+    """The routed experts' quantized format ("q4_k", "fp8_b128": the first MoE layer's gate_up, which
+    the bandwidth profile is keyed by), or None when they are dense."""
+    from freetoken.kernels.qformats import format_of, is_quantized
+    if not moe_layers or not is_quantized(weights.layers[moe_layers[0]].gate_up):
+        return None
+    return format_of(weights.layers[moe_layers[0]].gate_up).name
+
+
+def stored_bytes(weights, moe_layers: tuple) -> tuple[int, int] | None:
+    """(non-expert weight bytes, one expert slot's bytes: the largest layer's) as loaded, when any
+    weight is quantized (its blocks are what the GPU holds); None for dense weights, whose bytes the
+    plan counts from the config."""
+    from freetoken.engine.build import device_fields
+    from freetoken.kernels.qformats import is_quantized
+    dense = [weights.embed, weights.final_norm] + ([] if weights.lm_head is weights.embed else [weights.lm_head])
+    dense += [getattr(lw, name) for lw in weights.layers for name in device_fields(lw)]
+    arrays = [p for a in dense for p in (a if isinstance(a, tuple) else (a,))]
+    experts = [weights.layers[i] for i in moe_layers]
+    if not any(is_quantized(a) for a in arrays) and not any(is_quantized(lw.gate_up) for lw in experts):
+        return None
+    slot = max((lw.gate_up[0].nbytes + lw.down[0].nbytes for lw in experts), default=0)
+    return sum(int(a.nbytes) for a in arrays), slot

@@ -31,6 +31,9 @@ class DeviceFacts:
     free_device_bytes: int = 0            # free GPU memory before FreeToken allocated any
     host_available_bytes: int | None = None   # host memory available once the weights are loaded
     weights_dtype: str = "bf16"           # "bf16" | "f32": the loaded weights' (and experts') format
+    # (non-expert weights, one expert slot) in bytes as loaded, when not the dtype's size times the
+    # parameter count: quantized weights stay in their blocks (engine/facts.py)
+    stored_bytes: tuple[int, int] | None = None
     profile: object = None                # moe/profile.Profile of this GPU and format, or None
     host_pinned: bool = True              # False once pinning the host expert pool failed
 
@@ -81,7 +84,7 @@ def make_plan(model: ModelConfig, config: EngineConfig, facts: DeviceFacts) -> P
     memory = None
     if compute.value == "cuda":
         memory, kv_why = split_gpu_memory(model, config, facts.free_device_bytes, weight_size, itemsize,
-                                          int(context.value), config.num_kv_tokens)
+                                          int(context.value), config.num_kv_tokens, facts.stored_bytes)
         kv_tokens = memory.kv_tokens
     else:
         kv_tokens, kv_why = host_kv_tokens(config.num_kv_tokens, config.max_running_requests, int(context.value),

@@ -127,13 +127,16 @@ def gpu_kv_tokens(asked: int | None, running: int, context: int, per_token: int,
 
 
 def split_gpu_memory(cfg: ModelConfig, ec: EngineConfig, free_bytes: int, dtype_bytes: int, kv_itemsize: int,
-                     context: int, kv_asked: int | None) -> tuple[GpuMemory, str]:
+                     context: int, kv_asked: int | None, stored: tuple[int, int] | None = None
+                     ) -> tuple[GpuMemory, str]:
     """(the split of min(free memory less RESERVE, --gpu-memory-gb), why the KV pool has its size).
-    Raises ConfigError naming the claim that does not fit."""
+    stored: (non-expert weight bytes, one expert slot's bytes) as loaded, when the weights are not
+    dtype_bytes per parameter (quantized blocks). Raises ConfigError naming the claim that does not fit."""
     usable = int(free_bytes * (1 - RESERVE))
     cap = int((ec.gpu_memory_gb or 0) * GB)
     budget, capped_by = (cap, "--gpu-memory-gb") if 0 < cap < usable else (usable, "free memory")
-    weights, work = weight_bytes(cfg, dtype_bytes), workspace_bytes(cfg, ec, context)
+    weights = stored[0] if stored else weight_bytes(cfg, dtype_bytes)
+    work = workspace_bytes(cfg, ec, context)
     states = state_bytes(cfg, ec.max_running_requests)
     left = budget - weights - work - states
     if left <= 0:
@@ -147,5 +150,6 @@ def split_gpu_memory(cfg: ModelConfig, ec: EngineConfig, free_bytes: int, dtype_
         raise ConfigError(f"--state-checkpoint-gpu-mb {ec.state_checkpoint_gpu_mb} does not fit: "
                           f"{max(left - kv, 0) / GB:.2f} GB are left after weights, workspace and KV")
     memory = GpuMemory(budget, capped_by, weights, work, states, kv_tokens, kv, claim, left - kv - claim,
-                       expert_bytes(cfg, dtype_bytes), len(cfg.moe_layers) * cfg.num_experts)
+                       stored[1] if stored else expert_bytes(cfg, dtype_bytes),
+                       len(cfg.moe_layers) * cfg.num_experts)
     return memory, kv_why

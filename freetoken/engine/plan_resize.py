@@ -52,7 +52,8 @@ def _fits_the_gpu(model, config, facts, plan: Plan, previous: Plan, slots_asked:
     """The GPU split for the new KV pool; the expert cache must fit what it leaves once the device
     checkpoint tier, which a resize keeps, is taken."""
     memory, _ = split_gpu_memory(model, config, facts.free_device_bytes, weight_itemsize(facts),
-                                 kv_itemsize(plan.kv_dtype), plan.context_len, plan.kv_tokens)
+                                 kv_itemsize(plan.kv_dtype), plan.context_len, plan.kv_tokens,
+                                 facts.stored_bytes)
     held = previous.checkpoint_device_bytes - memory.checkpoint_claim_bytes   # the auto tier's bytes
     memory = replace(memory, expert_room_bytes=memory.expert_room_bytes - max(held, 0))
     slots = slots_on_gpu(memory, plan.moe, model)

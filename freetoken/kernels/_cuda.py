@@ -67,17 +67,38 @@ def compile_options(include_dir) -> tuple[str, ...]:
 # --- CuPy modules and launches ---------------------------------------------------------------
 
 @functools.cache
-def module(name: str):
-    """The RawModule of cuda/<name>.cu, built once per process (CuPy also caches on disk)."""
+def module(name: str, defines: tuple[str, ...] = ()):
+    """The RawModule of cuda/<name>.cu built with ``defines`` ("-DQFMT=7", ...), once per process
+    (CuPy also caches on disk)."""
     cupy = load_cupy()
     d = cuda_dir()
-    return cupy.RawModule(code=module_source(d / f"{name}.cu"), options=compile_options(d))
+    return cupy.RawModule(code=module_source(d / f"{name}.cu"), options=compile_options(d) + tuple(defines))
 
 
 @functools.cache
-def kernel(name: str, entry: str):
-    """Entry point ``entry`` of cuda/<name>.cu."""
-    return module(name).get_function(entry)
+def kernel(name: str, entry: str, defines: tuple[str, ...] = ()):
+    """Entry point ``entry`` of cuda/<name>.cu (built with ``defines``)."""
+    return module(name, defines).get_function(entry)
+
+
+def quant_defines(w) -> tuple[str, ...]:
+    """The defines of a *_quant.cu / qblocks.cu module for the quantized weight ``w``'s format: each
+    format is its own module, built when a model first uses it (cuda/qblocks.cuh)."""
+    from freetoken.kernels.qformats import format_of
+    return (f"-DQFMT={format_of(w).code}",)
+
+
+def flat_span(a):
+    """``a`` as one contiguous 1-D array of its dtype from its first element to its last, for a
+    kernel that takes the strides itself: an expert-slot view of a pool shared by layers of
+    several formats (moe/pool.slot_views; each slot contiguous, the slots a stride apart), or some
+    columns of a matrix (a part of a weight writing its columns). Contiguous ``a``: a.reshape(-1)."""
+    if a.flags.c_contiguous:
+        return a.reshape(-1)
+    assert all(s > 0 for s in a.strides) and a.strides[-1] == a.itemsize, (a.shape, a.strides)
+    cupy = load_cupy()
+    span = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // a.itemsize + 1
+    return cupy.ndarray((span,), a.dtype, memptr=a.data)
 
 
 def launch(kern, grid, block, args, shared_mem=0) -> None:
@@ -121,8 +142,9 @@ def bind(decl, **values) -> tuple:
 
 
 def dtype_tag(a) -> str:
-    """Kernel-name suffix of an array's dtype: uint16 (bf16 bits) -> bf16, float32 -> f32."""
-    tags = {np.dtype(np.uint16): "bf16", np.dtype(np.float32): "f32"}
+    """Kernel-name suffix of an array's dtype: uint16 (bf16 bits) -> bf16, float32 -> f32, uint8
+    (quantized blocks, for the format-free copies) -> u8."""
+    tags = {np.dtype(np.uint16): "bf16", np.dtype(np.float32): "f32", np.dtype(np.uint8): "u8"}
     try:
         return tags[np.dtype(a.dtype)]
     except KeyError:

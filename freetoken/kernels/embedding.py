@@ -38,6 +38,7 @@ def cpu(ids, table, out=None):
 ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
     "embedding_bf16": ("ids:i32*", "table:u16*", "out:f32*", "T:i32", "H:i32", "V:i32"),
     "embedding_f32": ("ids:i32*", "table:f32*", "out:f32*", "T:i32", "H:i32", "V:i32"),
+    "q_rows_f32": ("w:u8*", "ids:i32*", "out:f32*", "R:i32", "K:i32", "V:i32"),   # cuda/qblocks.cu
 }
 
 
@@ -45,8 +46,13 @@ def gpu(ids, table, out):
     """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,H] is required (CUDA graphs need
     fixed addresses). An id outside [0, V) yields a NaN row: a kernel cannot raise."""
     from freetoken.kernels import _cuda
-    (T,), (V, H) = ids.shape, table.shape
+    (T,), (V, H) = ids.shape, logical_shape(table)
     assert out.shape == (T, H), (out.shape, (T, H))
+    if is_quantized(table):    # one module per format (cuda/qblocks.cu): the rows dequantized
+        args = _cuda.bind(ARGS["q_rows_f32"], w=table, ids=ids, out=out, R=T, K=H, V=V)
+        kern = _cuda.kernel("qblocks", "q_rows_f32", _cuda.quant_defines(table))
+        _cuda.launch(kern, (-(-H // 1024), T), (128,), args)
+        return out
     entry = f"embedding_{_cuda.dtype_tag(table)}"
     args = _cuda.bind(ARGS[entry], ids=ids, table=table, out=out, T=T, H=H, V=V)
     _cuda.launch(_cuda.kernel("embedding", entry), (T,), (_cuda.threads(H // 4, 256),), args)

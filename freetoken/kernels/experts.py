@@ -278,6 +278,15 @@ ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py c
                          "tile_expert:i32*", "tile_row:i32*", "n_tiles:i32*"),
     "experts_combine_f32": ("ids:i32*", "weights:f32*", "y:f32*", "out:f32*", "k:i32", "H:i32",
                             "S:i32"),
+    # cuda/experts_quant.cu: quantized banks, one module per format, slots a stride apart
+    "experts_gate_up_q": ("x:f32*", "ids:i32*", "gate_up:u8*", "gu_stride:i64", "act:f32*",
+                          "k:i32", "H:i32", "I:i32", "S:i32"),
+    "experts_down_q": ("ids:i32*", "weights:f32*", "down:u8*", "dn_stride:i64", "act:f32*",
+                       "out:f32*", "k:i32", "H:i32", "I:i32", "S:i32"),
+    "experts_gemm_gate_up_q": ("x:f32*", "gate_up:u8*", "gu_stride:i64", *_PLAN, "act:f32*",
+                               "k:i32", "H:i32", "I:i32"),
+    "experts_gemm_down_q": ("act:f32*", "down:u8*", "dn_stride:i64", *_PLAN, "y:f32*", "H:i32",
+                            "I:i32"),
 }
 
 
@@ -308,29 +317,50 @@ def _carve(like, layout) -> dict:
     return views
 
 
-def _decode(_cuda, tag, x, ids, weights, gate_up, down, out, part, k, H, I, S):
-    T, e = x.shape[0], f"experts_gate_up_{tag}"
-    _cuda.launch(_cuda.kernel("experts", e), (-(-I // 4), T * k), (128,), _cuda.bind(
-        ARGS[e], x=x, ids=ids, gate_up=gate_up, act=part["act"], k=k, H=H, I=I, S=S))
-    e = f"experts_down_{tag}"
-    _cuda.launch(_cuda.kernel("experts", e), (-(-H // 4), T), (128,), _cuda.bind(
-        ARGS[e], ids=ids, weights=weights, down=down, act=part["act"], out=out, k=k, H=H, I=I,
-        S=S))
+class _Banks:
+    """The kernel of each launch for this pair of banks: experts.cu's *_bf16 / *_f32 entries, or
+    experts_quant.cu's *_q built for the bank's format (gate_up and down may differ: Q4_K_M keeps
+    some layers' down in Q6_K), with the slot stride it reads quantized slots at."""
+
+    def __init__(self, _cuda, gate_up, down):
+        self._cuda, self.quantized = _cuda, is_quantized(gate_up)
+        self.tag = "q" if self.quantized else _cuda.dtype_tag(gate_up)
+        if self.quantized:   # slot views may be strided in their first axis (pool.slot_views)
+            self.banks = {"gate_up": _cuda.flat_span(gate_up), "down": _cuda.flat_span(down)}
+            self.extra = {"gate_up": {"gu_stride": gate_up.strides[0]},
+                          "down": {"dn_stride": down.strides[0]}}
+            self.defines = {"gate_up": _cuda.quant_defines(gate_up), "down": _cuda.quant_defines(down)}
+        else:
+            self.banks, self.extra = {"gate_up": gate_up, "down": down}, {"gate_up": {}, "down": {}}
+
+    def launch(self, kind, bank, grid, block, **args):
+        """Launch experts_<kind>_<tag> reading ``bank`` ("gate_up" or "down")."""
+        _cuda, e = self._cuda, f"experts_{kind}_{self.tag}"
+        kern = (_cuda.kernel("experts_quant", e, self.defines[bank]) if self.quantized
+                else _cuda.kernel("experts", e))
+        _cuda.launch(kern, grid, block, _cuda.bind(ARGS[e], **{bank: self.banks[bank]},
+                                                   **self.extra[bank], **args))
 
 
-def _prefill(_cuda, tag, x, ids, weights, gate_up, down, out, part, k, H, I, S):
+def _decode(_cuda, banks, x, ids, weights, out, part, k, H, I, S):
+    T = x.shape[0]
+    banks.launch("gate_up", "gate_up", (-(-I // 4), T * k), (128,), x=x, ids=ids,
+                 act=part["act"], k=k, H=H, I=I, S=S)
+    banks.launch("down", "down", (-(-H // 4), T), (128,), ids=ids, weights=weights,
+                 act=part["act"], out=out, k=k, H=H, I=I, S=S)
+
+
+def _prefill(_cuda, banks, x, ids, weights, out, part, k, H, I, S):
     T = x.shape[0]
     plan = {name: part[name] for name in ("perm", "offs", "tile_expert", "tile_row", "n_tiles")}
     e = "experts_plan_i32"
     _cuda.launch(_cuda.kernel("experts", e), (1,), (PLAN_THREADS,), _cuda.bind(
         ARGS[e], ids=ids, P=T * k, S=S, cursor=part["cursor"], **plan))
     blocks = min(part["tile_row"].size, MAX_TILE_BLOCKS)
-    e = f"experts_gemm_gate_up_{tag}"
-    _cuda.launch(_cuda.kernel("experts", e), (blocks, -(-I // TILE)), (256,), _cuda.bind(
-        ARGS[e], x=x, gate_up=gate_up, act=part["act"], k=k, H=H, I=I, **plan))
-    e = f"experts_gemm_down_{tag}"
-    _cuda.launch(_cuda.kernel("experts", e), (blocks, -(-H // TILE)), (256,), _cuda.bind(
-        ARGS[e], act=part["act"], down=down, y=part["y"], H=H, I=I, **plan))
+    banks.launch("gemm_gate_up", "gate_up", (blocks, -(-I // TILE)), (256,), x=x,
+                 act=part["act"], k=k, H=H, I=I, **plan)
+    banks.launch("gemm_down", "down", (blocks, -(-H // TILE)), (256,), act=part["act"],
+                 y=part["y"], H=H, I=I, **plan)
     e = "experts_combine_f32"
     _cuda.launch(_cuda.kernel("experts", e), (-(-H // 128), T), (128,), _cuda.bind(
         ARGS[e], ids=ids, weights=weights, y=part["y"], out=out, k=k, H=H, S=S))
@@ -340,12 +370,14 @@ def gpu(x, ids, weights, gate_up, down, out):
     """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,H] is required. T <= 16: grouped
     GEMV over the routed pairs; more: on-device counting sort by expert, then tiled GEMMs. Ids
     outside [0, S) are masked in-kernel (their scratch rows are never read). No host sync, so
-    capture-safe; the one allocation is the shared grow-only scratch (scratch_bytes())."""
+    capture-safe; the one allocation is the shared grow-only scratch (scratch_bytes()).
+    Quantized banks ([S,2I,H/V,B], [S,H,I/V,B]; each slot contiguous, the slots may be a stride
+    apart) are read in their blocks (cuda/experts_quant.cu)."""
     from freetoken.env import flag
     from freetoken.kernels import _cuda
     T, H = x.shape
-    S, I, k = down.shape[0], down.shape[2], ids.shape[1]
-    assert gate_up.shape == (S, 2 * I, H) and down.shape == (S, H, I), (gate_up.shape, down.shape)
+    (S, H_, I), k = logical_shape(down), ids.shape[1]
+    assert logical_shape(gate_up) == (S, 2 * I, H) and H_ == H, (gate_up.shape, down.shape)
     assert gate_up.dtype == down.dtype, (gate_up.dtype, down.dtype)
     assert ids.shape == weights.shape == (T, k) and out.shape == (T, H), \
         (x.shape, ids.shape, weights.shape, out.shape)
@@ -355,5 +387,5 @@ def gpu(x, ids, weights, gate_up, down, out):
         raise IndexError("experts: expert id out of range")
     part = _carve(x, _layout(T, k, H, I, S))
     run = _decode if T <= GEMV_MAX_T else _prefill
-    run(_cuda, _cuda.dtype_tag(gate_up), x, ids, weights, gate_up, down, out, part, k, H, I, S)
+    run(_cuda, _Banks(_cuda, gate_up, down), x, ids, weights, out, part, k, H, I, S)
     return out

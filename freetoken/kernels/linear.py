@@ -185,24 +185,43 @@ def cpu(x, w, out=None):
 
 GEMV_MAX_T = 8  # linear_gemv has unrolled instances for 1..8 tokens; more take the tiled GEMM
 ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
-    f"linear_{algo}_{tag}": ("x:f32*", f"w:{w}", "y:f32*", "T:i32", "K:i32", "M:i32")
-    for algo in ("gemv", "gemm") for tag, w in (("bf16", "u16*"), ("f32", "f32*"))
+    f"linear_{algo}_{tag}": ("x:f32*", f"w:{w}", "y:f32*", "T:i32", "K:i32", "M:i32", "ldy:i32")
+    for algo in ("gemv", "gemm")
+    for tag, w in (("bf16", "u16*"), ("f32", "f32*"), ("q", "u8*"))   # q: cuda/linear_quant.cu
 }
 
 
 def gpu(x, w, out):
     """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,M] is required. T <= 8 (decode,
     lm_head): a warp per weight row, read once for all tokens. More: 64x64 shared-memory tiles
-    with fp32 FMA, so activations are never rounded to bf16 (ref's numerics, not cuBLAS's)."""
+    with fp32 FMA, so activations are never rounded to bf16 (ref's numerics, not cuBLAS's).
+    A quantized w is read in its blocks (cuda/linear_quant.cu, one module per format); a tuple
+    of parts writes each part's columns of out."""
     from freetoken.kernels import _cuda
     T, K = x.shape
-    M = w.shape[0]
-    assert w.shape == (M, K) and out.shape == (T, M), (x.shape, w.shape, out.shape)
+    M = sum(logical_shape(p)[0] for p in w) if isinstance(w, tuple) else logical_shape(w)[0]
+    assert out.shape == (T, M), (x.shape, out.shape)
     if T == 0:
         return out
-    gemv = T <= GEMV_MAX_T
-    entry = f"linear_{'gemv' if gemv else 'gemm'}_{_cuda.dtype_tag(w)}"
-    args = _cuda.bind(ARGS[entry], x=x, w=w, y=out, T=T, K=K, M=M)
-    grid = (-(-M // 4),) if gemv else (-(-M // 64), -(-T // 64))
-    _cuda.launch(_cuda.kernel("linear", entry), grid, (128 if gemv else 256,), args)
+    parts = w if isinstance(w, tuple) else (w,)
+    at = 0
+    for part in parts:
+        m = logical_shape(part)[0]
+        assert logical_shape(part) == (m, K), (x.shape, part.shape)
+        y = out if len(parts) == 1 else _cuda.flat_span(out[:, at:at + m])
+        _launch(_cuda, x, part, y, T, K, m, M)
+        at += m
     return out
+
+
+def _launch(_cuda, x, w, y, T, K, M, ldy):
+    gemv = T <= GEMV_MAX_T
+    algo = "gemv" if gemv else "gemm"
+    if is_quantized(w):
+        entry, kern = f"linear_{algo}_q", ("linear_quant", f"linear_{algo}_q", _cuda.quant_defines(w))
+    else:
+        entry = f"linear_{algo}_{_cuda.dtype_tag(w)}"
+        kern = ("linear", entry)
+    args = _cuda.bind(ARGS[entry], x=x, w=w, y=y, T=T, K=K, M=M, ldy=ldy)
+    grid = (-(-M // 4),) if gemv else (-(-M // 64), -(-T // 64))
+    _cuda.launch(_cuda.kernel(*kern), grid, (128 if gemv else 256,), args)

@@ -86,3 +86,26 @@ def dequantize_ref(w):
     data = np.ascontiguousarray(w).reshape(*w.shape[:-2], w.shape[-2] * w.shape[-1])
     out = dequantize(data, GGMLQuantizationType(fmt.ggml))
     return np.asarray(out, np.float32).reshape(*w.shape[:-2], w.shape[-2] * fmt.values)
+
+
+# where each GGUF format keeps its fp16 scale(s) in a block (FP8 row blocks: an f32 at 0)
+F16_SCALES_AT = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
+                 "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+
+
+def random_blocks(name: str, rows: tuple, values: int, rng) -> np.ndarray:
+    """u8[*rows, values/V, B] of format ``name``: random codes, small finite scales (random bytes
+    there could be inf or NaN), no e4m3 NaN codes. For tests and for `bench bw --format`, whose
+    speed must not depend on the weights."""
+    f = format_named(name)
+    if values % f.values:
+        raise ValueError(f"{name}: rows of {values} values are not whole blocks of {f.values}")
+    w = rng.integers(0, 256, tuple(rows) + (values // f.values, f.nbytes), dtype=np.uint8)
+    if name == "fp8_b128":
+        w[..., 4:] &= 0xFE
+        w[..., :4] = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float32)[..., None].view(np.uint8)
+        return w
+    for at in F16_SCALES_AT[name]:
+        scale = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float16)
+        w[..., at:at + 2] = scale[..., None].view(np.uint8)
+    return w

@@ -3,7 +3,8 @@ machine, and what the start-up plan (engine/plan_moe.py) reads from it: the back
 and hybrid's phi.
 
 File: $FREETOKEN_HOME/bench_bw.json, written atomically (temporary file + rename), keyed by GPU UUID
-then expert format, so one file serves several GPUs and formats without one overwriting another:
+then expert format (bf16, f32, or a quantized format's name: the CPU kernels' B_H differs per
+format), so one file serves several GPUs and formats without one overwriting another:
 
     {"version": 1, "profiles": {"GPU-<uuid>": {"bf16": {<entry>}}}}
 
@@ -41,7 +42,8 @@ HYBRID_THRESHOLD = 2.0
 class Profile:
     gpu_uuid: str
     gpu_name: str
-    format: str                      # expert format: "bf16" (uint16 banks) or "f32"
+    format: str                      # expert format: "bf16" (uint16 banks), "f32", or a quantized
+    #                                  one ("q4_k", "fp8_b128": `bench bw --format`, kernels/qformats.py)
     expert_bytes: int
     b_h_gbs: float
     b_p_gbs: float | None = None

@@ -23,6 +23,7 @@ from freetoken.moe.residency import COUNTERS, Fills, SlotCache
 from freetoken.moe.split import FetchPolicy
 from freetoken.cupy_loader import cupy as load_cupy
 
+_STORAGE = (("bf16", "u16*"), ("f32", "f32*"), ("u8", "u8*"))   # u8: quantized blocks
 ARGS = {  # launch order of each entry point of cuda/residency.cu
     "residency_step_i32": (
         "ids:i32*", "cpu_ids:i32*", "P:i32", "layer:i32", "E:i32", "S:i32", "slot_for:i32*",
@@ -34,12 +35,14 @@ ARGS = {  # launch order of each entry point of cuda/residency.cu
                             "col_a:i32", "col_b:i32"),
     **{f"fill_rows_{t}": (f"host_gate_up:{p}", f"host_down:{p}", f"pool_gate_up:{p}",
                           f"pool_down:{p}", "fill_slots:i32*", "fill_experts:i32*",
-                          "fill_count:i32*", "rows:i32", "chunks:i32", "gu_row:i64", "dn_row:i64")
-       for t, p in (("bf16", "u16*"), ("f32", "f32*"))},
+                          "fill_count:i32*", "rows:i32", "chunks:i32", "gu_row:i64", "dn_row:i64",
+                          "gu_slot:i64", "dn_slot:i64")
+       for t, p in _STORAGE},
     **{f"prefill_load_{t}": (f"host_gate_up:{p}", f"host_down:{p}", f"pool_gate_up:{p}",
                              f"pool_down:{p}", "slot_for_layer:i32*", "rows:i32", "chunks:i32",
-                             "dst0:i32", "keep_lo:i32", "gu_row:i64", "dn_row:i64")
-       for t, p in (("bf16", "u16*"), ("f32", "f32*"))},
+                             "dst0:i32", "keep_lo:i32", "gu_row:i64", "dn_row:i64",
+                             "gu_slot:i64", "dn_slot:i64")
+       for t, p in _STORAGE},
 }
 RES_THREADS = 256            # residency.cu's one block
 MAX_EXPERTS = 4096           # 3*E ints of dynamic shared memory must fit in 48 KiB
@@ -132,11 +135,15 @@ class GpuResidency:
     def _copy(self, entry: str, rows: int, host, pool, **plan) -> None:
         from freetoken.kernels import _cuda
         name = f"{entry}_{_cuda.dtype_tag(pool[0])}"
+        # a row is one expert as the layer stores it; a slot may be wider (pool.slot_views)
         gu_row, dn_row = pool[0][0].size, pool[1][0].size
+        gu_slot, dn_slot = (p.strides[0] // p.itemsize for p in pool)
         chunks = _chunks(gu_row, pool[0].itemsize)
-        args = _cuda.bind(ARGS[name], host_gate_up=host[0], host_down=host[1], pool_gate_up=pool[0],
-                          pool_down=pool[1], rows=rows, chunks=chunks, gu_row=gu_row, dn_row=dn_row,
-                          **plan)
+        args = _cuda.bind(ARGS[name], host_gate_up=host[0], host_down=host[1],
+                          pool_gate_up=_cuda.flat_span(pool[0]),
+                          pool_down=_cuda.flat_span(pool[1]),
+                          rows=rows, chunks=chunks, gu_row=gu_row, dn_row=dn_row, gu_slot=gu_slot,
+                          dn_slot=dn_slot, **plan)
         grid = (min(COPY_BLOCKS, rows * 2 * chunks),)
         _cuda.launch(_cuda.kernel("residency", name), grid, (COPY_THREADS,), args)
 

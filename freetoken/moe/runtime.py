@@ -243,8 +243,6 @@ def host_pool_for(cfg: ModelConfig, banks, plan: MoEPlan, dev, log=None) -> Host
     host, raw = _host_banks(cfg, banks)
     if host is not None:
         return host
-    if raw[0].quantized and not dev.host_memory:
-        raw = widened_banks(raw, log)
     pin = plan.backend != "fused" and dev.needs_pinning
     return pin_host_pool(raw, log) if pin else HostPool.pageable(raw)
 
@@ -263,7 +261,7 @@ def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, d
                           "failure known (engine/plan.py falls back to cpu)")
     if cpu_op is None:
         cpu_op = experts_op if dev.host_memory else _kernel_cpu_op()
-    where = f"moe {plan.backend} on {dev.name}"
+    where = f"moe {plan.backend} on {dev.name}" + _stored_as(host.banks)
     Log(log).info(f"{where}: {plan.slots} expert slots for {host.num_layers} layers x {cfg.num_experts} experts"
                   if plan.slots else where)
     moe = MoERuntime(plan.backend, host, dev, experts_op, cpu_op, policy=plan.policy, num_slots=plan.slots,
@@ -273,15 +271,15 @@ def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, d
     return moe
 
 
-def widened_banks(banks: list[Bank], log=None) -> list[Bank]:
-    """Quantized banks as f32 (kernels/qblocks.py's spec), for a device whose experts op reads dense
-    weights only (the CUDA one, for now); one line says what it costs."""
-    from freetoken.kernels.qformats import dequantize_ref
-    out = [Bank(dequantize_ref(b.gate_up), dequantize_ref(b.down)) for b in banks]
-    Log(log).info(f"quantized experts widened to f32 for {len(banks)} layers: the CUDA experts op reads "
-                  f"dense weights only ({sum(b.gate_up.nbytes + b.down.nbytes for b in out) / 2**30:.2f} GiB "
-                  f"host memory for {sum(b.gate_up.nbytes + b.down.nbytes for b in banks) / 2**30:.2f} GiB of blocks)")
-    return out
+def _stored_as(banks: list[Bank]) -> str:
+    """", experts in q4_k/q6_k blocks, 1.69 MiB a slot" for quantized banks (slots, fills and kernels
+    take the blocks as stored), else ""."""
+    if not banks[0].quantized:
+        return ""
+    from freetoken.kernels.qformats import format_of
+    names = sorted({format_of(a).name for b in banks for a in (b.gate_up, b.down)})
+    slot = max(sum(b.expert_bytes) for b in banks)
+    return f", experts in {'/'.join(names)} blocks, {slot / 2**20:.2f} MiB a slot"
 
 
 def _resident(backend: str, host: HostPool, dev) -> list[tuple] | None:

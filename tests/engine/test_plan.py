@@ -3,10 +3,12 @@ plans included, with made-up device facts. Pure: runs on a CPU. The GPU memory s
 up, the cap is honoured, each claim or flag that cannot be met is named, and every decision says why."""
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from freetoken.config import ConfigError, EngineConfig
+from freetoken.log import logger
 from freetoken.models.demo import packaged_demo_dir
 from freetoken.engine import plan_memory as pm
 from freetoken.engine.plan import CHECKPOINTS_PER_REQUEST, DeviceFacts, make_plan
@@ -23,6 +25,12 @@ QWEN36 = model_config_from_dict(GDN_PRESETS["qwen3.6-35b-a3b"].hf_config())  # a
 DEMO = read_model_config(packaged_demo_dir())                                # 4 x 16 experts
 CPU = DeviceFacts(gpu_missing="no GPU here", host_available_bytes=64 << 30)
 ONE_EXPERT = 3 * 2048 * 768 * 2
+GGUF_Q4_K_M = Path(__file__).parent.parent / "fixtures" / "gguf" / "qwen3moe_256-q4_k_m.gguf"
+
+
+def read_dense_demo():
+    from freetoken.models.loader import load_model
+    return load_model("demo", logger).weights
 
 
 def gpu(free_gb: float, **facts) -> DeviceFacts:
@@ -183,6 +191,28 @@ def test_fp32_weights_count_four_bytes():
     g16, g32 = plan(BIG, gpu(80), moe_backend="offload"), plan(BIG, gpu(80, weights_dtype="f32"), moe_backend="offload")
     assert g32.memory.one_expert_bytes == 2 * g16.memory.one_expert_bytes == 2 * ONE_EXPERT
     assert g32.memory.weights_bytes == 2 * g16.memory.weights_bytes and g32.moe.slots < g16.moe.slots
+
+
+def test_quantized_weights_count_their_stored_bytes():
+    """A Q4_K model's slots hold its blocks: the plan takes the stored sizes from the facts, so the
+    same GPU memory holds about 3.5x the bf16 slots."""
+    q4k_expert = 3 * 2048 * 768 // 256 * 144
+    g16 = plan(BIG, gpu(24), moe_backend="offload")
+    gq = plan(BIG, gpu(24, stored_bytes=(g16.memory.weights_bytes // 3, q4k_expert)),
+              moe_backend="offload")
+    assert gq.memory.one_expert_bytes == q4k_expert and gq.memory.weights_bytes == g16.memory.weights_bytes // 3
+    assert gq.moe.slots > 3.4 * g16.moe.slots
+
+
+def test_stored_bytes_of_a_quantized_gguf_are_what_the_device_holds():
+    from freetoken.engine.facts import expert_format, stored_bytes
+    from freetoken.models.loader import load_model
+    loaded = load_model(str(GGUF_Q4_K_M), logger)
+    w, moe = loaded.weights, loaded.config.moe_layers
+    dense, slot = stored_bytes(w, moe)
+    assert slot == max(w.layers[i].gate_up[0].nbytes + w.layers[i].down[0].nbytes for i in moe)
+    assert expert_format(w, moe) == "q4_k" and dense < w.embed.nbytes * 8
+    assert stored_bytes(read_dense_demo(), (0, 1, 2, 3)) is None
 
 
 def test_a_gdn_models_device_checkpoints_get_only_what_the_expert_cache_leaves_unless_asked():

@@ -5,26 +5,8 @@ import numpy as np
 import pytest
 
 from freetoken.kernels import experts
-from freetoken.kernels.qformats import FORMATS, dequantize_ref, format_named
+from freetoken.kernels.qformats import FORMATS, dequantize_ref, random_blocks
 from freetoken.moe.pool import Bank, slot_pool, slot_views
-
-# where each format keeps its fp16 scale(s): random bytes there could be inf/NaN
-SCALE_AT = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,), "q2_k": (80, 82),
-            "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
-
-
-def random_blocks(name: str, rows: tuple, values: int, rng) -> np.ndarray:
-    """uint8[*rows, values/V, B]: random codes, small finite fp16 scales."""
-    f = format_named(name)
-    w = rng.integers(0, 256, rows + (values // f.values, f.nbytes), dtype=np.uint8)
-    if name == "fp8_b128":                  # an f32 scale, then e4m3 codes without the NaN ones
-        w[..., 4:] &= 0xFE
-        w[..., :4] = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float32)[..., None].view(np.uint8)
-        return w
-    for at in SCALE_AT[name]:
-        scale = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float16)
-        w[..., at:at + 2] = scale[..., None].view(np.uint8)
-    return w
 
 
 def bank(rng, gu: str, dn: str, E=6, H=256, I=256):

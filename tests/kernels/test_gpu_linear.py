@@ -19,7 +19,7 @@ def dry_run(monkeypatch, module, fn, *args):
     """Call a gpu wrapper on numpy arrays with launches recorded instead of made; check every
     launch's arguments against the module's ARGS and its geometry. Returns the entry names."""
     launches = []
-    monkeypatch.setattr(_cuda, "kernel", lambda name, entry: (name, entry))
+    monkeypatch.setattr(_cuda, "kernel", lambda name, entry, defines=(): (name, entry))
     monkeypatch.setattr(_cuda, "launch", lambda k, grid, block, a, shared_mem=0:
                         launches.append((k[1], tuple(grid), tuple(block), a, shared_mem)))
     fn(*args)

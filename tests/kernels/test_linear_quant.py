@@ -3,7 +3,7 @@
 GGUF q/k/v of different formats takes."""
 import numpy as np
 import pytest
-from test_experts_quant import random_blocks
+from freetoken.kernels.qformats import random_blocks
 
 from freetoken.kernels import embedding, linear
 from freetoken.kernels.qformats import FORMATS, dequantize_ref

@@ -2,7 +2,7 @@
 checkpoint's codes and [128, 128] scales, and the numba row kernels against the spec."""
 import numpy as np
 import pytest
-from test_experts_quant import random_blocks
+from freetoken.kernels.qformats import random_blocks
 
 from freetoken.kernels import qblocks
 from freetoken.kernels.qfp8 import dequantize_fp8, e4m3_table, to_row_blocks

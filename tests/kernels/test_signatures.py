@@ -14,7 +14,7 @@ from freetoken.kernels import _cuda, cases
 
 C_TYPES = {  # C parameter type (const and __restrict__ dropped) -> ARGS type tag
     "float*": "f32*", "u16*": "u16*", "unsigned short*": "u16*", "int*": "i32*",
-    "u32*": "u32*", "unsigned int*": "u32*", "long long*": "i64*", "unsigned char*": "u8*",
+    "u32*": "u32*", "unsigned int*": "u32*", "long long*": "i64*", "unsigned char*": "u8*", "u8*": "u8*",
     "int": "i32", "u32": "u32", "unsigned int": "u32", "long long": "i64", "float": "f32",
 }
 # ops whose gpu wrapper this file dry-runs on numpy arrays (their builders live in cases.py)
@@ -79,8 +79,10 @@ def test_declared_types_are_bindable():
 
 
 def test_entry_names_follow_op_variant_dtype():
+    """..._bf16 / _f16 / _f32 / _i32 / _u8 by storage; _q: quantized blocks of the format the
+    module was built for (-DQFMT, cuda/qblocks.cuh)."""
     for entry in cuda_entries():
-        assert re.fullmatch(r"[a-z0-9_]+_(bf16|f16|f32|i32)", entry), entry
+        assert re.fullmatch(r"[a-z0-9_]+_(bf16|f16|f32|i32|u8|q)", entry), entry
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
@@ -89,7 +91,7 @@ def test_wrapper_dry_run(op, dtype, monkeypatch):
     """gpu() on small odd-sized numpy inputs: asserts pass, every argument reaches the launch
     with the declared dtype or exact scalar type, and the geometry is whole warps."""
     launches = []
-    monkeypatch.setattr(_cuda, "kernel", lambda name, entry: (name, entry))
+    monkeypatch.setattr(_cuda, "kernel", lambda name, entry, defines=(): (name, entry))
     monkeypatch.setattr(_cuda, "launch", lambda k, grid, block, args, shared_mem=0:
                         launches.append((k, grid, block, args, shared_mem)))
     defaults, _ = cases.OPS[op]

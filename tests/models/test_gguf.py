@@ -284,18 +284,32 @@ def served_name_after_two_sdk_answers(model: Path) -> str:
         server.stop()
 
 
+MOE = {"fused": dict(moe_backend="fused"), "cpu": dict(moe_backend="cpu"),
+       "offload": dict(moe_backend="offload", moe_cache_rate=0.5),
+       "hybrid": dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3)}
+CUDA_CASES = [("q8_0", "fused"), ("q8_0", "hybrid"), ("q4_k_m", "fused"), ("q4_k_m", "cpu"),
+              ("q4_k_m", "offload"), ("q4_k_m", "hybrid"), ("q6_k", "offload")]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("moe", [dict(moe_backend="fused"), dict(moe_backend="hybrid", moe_cache_rate=0.5,
-                                                                  moe_fetch_fraction=0.3)],
-                         ids=lambda o: o["moe_backend"])
-def test_the_cuda_backend_gives_the_cpu_tokens(moe):
-    """A Q8_0 file on the cuda backend (a real GPU, or the emulated device in CI): transformers'
-    greedy tokens, as on the CPU."""
-    exp = np.load(GGUF / "qwen3moe_norm-q8_0.expected.npz")
-    llm = LLM(str(gguf("q8_0")), backend="cuda", **moe)
+@pytest.mark.parametrize("kind,moe", CUDA_CASES, ids=[f"{k}-{m}" for k, m in CUDA_CASES])
+def test_the_cuda_backend_gives_transformers_tokens(kind, moe):
+    """Quantized files on the cuda backend (a real GPU, or the emulated device in CI): the experts
+    stay in their blocks in host memory, in the GPU slots and over the link, the attention and
+    output weights and the embedding in their blocks on the GPU (cuda/*_quant.cu), and the greedy
+    tokens are transformers' on the same weights, as on the CPU. Q4_K_M mixes formats per layer
+    (down in Q4_K or Q6_K, attn_v in Q6_K: q/k/v in parts)."""
+    from freetoken.kernels.qformats import is_quantized
+    path, expected = EXACT[kind]
+    exp = np.load(expected)
+    llm = LLM(str(path), backend="cuda", **MOE[moe])
     try:
-        out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-        assert out.token_ids == exp["greedy_ids"].tolist()
+        layer = llm.core.weights.layers[0]
+        assert is_quantized(layer.o_proj) and is_quantized(llm.core.weights.embed)   # not widened
+        out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=16, ignore_eos=True))[0]
+        assert out.token_ids == exp["greedy_ids"][:16].tolist()
+        if moe in ("offload", "hybrid"):
+            assert llm.core.moe.pool[0].dtype == np.uint8                  # slots of raw blocks
     finally:
         llm.core.close()
 

@@ -58,6 +58,17 @@ def test_rows_that_are_not_whole_blocks_are_one_error(tmp_path):
 
 
 @pytest.mark.gpu
-def test_the_cuda_backend_refuses_it_before_loading(model_dir):
-    with pytest.raises(ConfigError, match="--quantize-experts q8_0 runs on the cpu backend only"):
-        LLM(str(model_dir), backend="cuda", quantize_experts="q8_0")
+def test_the_cuda_backend_runs_the_quantized_experts(model_dir):
+    """On cuda the quantized experts stay quantized (the slots hold their blocks) and give the cpu
+    backend's tokens."""
+    tokens = []
+    for backend in ("cpu", "cuda"):
+        llm = LLM(str(model_dir), backend=backend, quantize_experts="q8_0", moe_backend="hybrid",
+                  moe_cache_rate=0.5)
+        try:
+            if backend == "cuda":
+                assert llm.core.moe.pool[0].dtype == np.uint8
+            tokens.append(llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids)
+        finally:
+            llm.core.close()
+    assert tokens[0] == tokens[1]

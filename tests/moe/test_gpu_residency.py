@@ -266,7 +266,7 @@ def test_wrappers_bind_every_argument(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", np)
     monkeypatch.setattr(residency_gpu, "load_cupy", lambda: np)   # the loader also wants cupyx
     launches = []
-    monkeypatch.setattr(_cuda, "kernel", lambda name, entry: (name, entry))
+    monkeypatch.setattr(_cuda, "kernel", lambda name, entry, defines=(): (name, entry))
     monkeypatch.setattr(_cuda, "launch", lambda k, grid, block, args, shared_mem=0:
                         launches.append((k[1], grid, block, args, shared_mem)))
     L, E, S, H, I = 3, 16, 40, 24, 8

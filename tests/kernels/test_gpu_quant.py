@@ -1,0 +1,127 @@
+"""The CUDA kernels over quantized weights (cuda/qblocks.cuh and the modules built per format:
+qblocks.cu, linear_quant.cu, experts_quant.cu) against the spec: row dequantization bit for bit
+(the embedding gather of a quantized table, every format), the linear GEMV and GEMM (every format,
+a weight in parts of two formats), and the experts' decode GEMVs and prefill GEMMs (mixed gate_up /
+down formats, -1 ids, slot views a stride apart as the runtime's shared byte pool gives them).
+Outputs are poisoned with NaN first."""
+import numpy as np
+import pytest
+
+from freetoken.kernels import embedding, experts, linear
+from freetoken.kernels.qformats import FORMATS, dequantize_ref, random_blocks
+from freetoken.moe.pool import Bank, slot_pool, slot_views
+from tests.helpers import assert_close
+from tests.kernels.test_experts_quant import routing
+from tests.kernels.test_gpu_experts import poison_scratch
+from tests.kernels.test_gpu_linear import dry_run
+from freetoken.cupy_loader import cupy as load_cupy
+
+NAMES = [f.name for f in FORMATS]
+
+
+def close(name, ref, out):
+    """Within fp32 summation error: random blocks give outputs of a few hundred, some of which
+    cancel to near zero, so the absolute tolerance scales with the largest output."""
+    assert_close(name, ref, out, 2e-5 * float(np.abs(ref).max()) + 1e-5, 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_rows_bit_exact(name):
+    """Every value of every row as gguf-py (or the FP8 rule) computes it, bit for bit; an id
+    outside the table gives a NaN row, as the dense embedding kernel does."""
+    cp = load_cupy()
+    rng = np.random.default_rng(7)
+    table = random_blocks(name, (9,), 1024, rng)
+    ids = np.array([3, 0, 8, 3, -1, 9, 5], np.int32)
+    out = cp.full((len(ids), 1024), 7.0, cp.float32)
+    embedding.gpu(cp.asarray(ids), cp.asarray(table), out)
+    got, want = out.get(), dequantize_ref(table)
+    ok = ids >= 0
+    ok &= ids < 9
+    assert np.array_equal(got[ok].view(np.uint32), want[ids[ok]].view(np.uint32)), name
+    assert np.isnan(got[~ok]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 5, 70])
+@pytest.mark.parametrize("name", NAMES)
+def test_linear_matches_ref(name, T):
+    cp = load_cupy()
+    rng = np.random.default_rng(T)
+    w = random_blocks(name, (37,), 512, rng)
+    x = rng.standard_normal((T, 512), dtype=np.float32)
+    out = cp.full((T, 37), np.nan, cp.float32)
+    linear.gpu(cp.asarray(x), cp.asarray(w), out)
+    close(f"linear gpu {name} T{T}", linear.ref(x, w), out.get())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 40])
+def test_linear_in_parts(T):
+    """q/k/v of two formats (Q4_K_M's attn_v in Q6_K): each part writes its columns of out."""
+    cp = load_cupy()
+    rng = np.random.default_rng(3)
+    parts = (random_blocks("q4_k", (40,), 256, rng), random_blocks("q6_k", (24,), 256, rng),
+             random_blocks("q4_k", (8,), 256, rng))
+    x = rng.standard_normal((T, 256), dtype=np.float32)
+    out = cp.full((T, 72), np.nan, cp.float32)
+    linear.gpu(cp.asarray(x), tuple(cp.asarray(p) for p in parts), out)
+    close(f"linear gpu parts T{T}", linear.ref(x, parts), out.get())
+
+
+def _experts_case(gu, dn, T, k=3, E=6, H=256, I=256, seed=0):
+    rng = np.random.default_rng(seed + T)
+    gate_up, down = random_blocks(gu, (E, 2 * I), H, rng), random_blocks(dn, (E, H), I, rng)
+    ids, w = routing(rng, T, E, k)
+    x = rng.standard_normal((T, H), dtype=np.float32) * np.float32(0.5)
+    return x, ids, w, gate_up, down
+
+
+PAIRS = [("q8_0", "q8_0"), ("q4_k", "q6_k"), ("q5_k", "q5_k"), ("fp8_b128", "fp8_b128"),
+         ("q2_k", "q3_k"), ("q4_0", "q5_1"), ("q4_1", "q5_0")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 4, 40])
+@pytest.mark.parametrize("gu,dn", PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
+def test_experts_match_ref(gu, dn, T):
+    cp = load_cupy()
+    x, ids, w, gate_up, down = _experts_case(gu, dn, T)
+    poison_scratch()
+    out = cp.full(x.shape, np.nan, cp.float32)
+    experts.gpu(*(cp.asarray(a) for a in (x, ids, w, gate_up, down)), out)
+    close(f"experts gpu {gu}/{dn} T{T}", experts.ref(x, ids, w, gate_up, down), out.get())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 40])
+def test_experts_on_strided_slots(T):
+    """A layer whose experts are smaller than the pool's slots (a q4_k layer in a pool sized for
+    q6_k): the kernels read each slot's first bytes, a slot stride apart."""
+    cp = load_cupy()
+    x, ids, w, gate_up, down = _experts_case("q4_k", "q4_k", T, E=5)
+    big = Bank(random_blocks("q6_k", (5, 512), 256, np.random.default_rng(1)),
+               random_blocks("q6_k", (5, 256), 256, np.random.default_rng(2)))
+    pool = slot_pool(cp, 5, [Bank(gate_up, down), big])
+    gu_view, dn_view = slot_views(pool, Bank(gate_up, down))
+    assert not gu_view.flags.c_contiguous
+    gu_view[...] = cp.asarray(gate_up)
+    dn_view[...] = cp.asarray(down)
+    out = cp.full(x.shape, np.nan, cp.float32)
+    experts.gpu(cp.asarray(x), cp.asarray(ids), cp.asarray(w), gu_view, dn_view, out)
+    close(f"experts gpu strided T{T}", experts.ref(x, ids, w, gate_up, down), out.get())
+
+
+@pytest.mark.parametrize("T", [1, 40])
+def test_dry_run_launches(monkeypatch, T):
+    """Without a device: the quantized launches bind the *_q entries' arguments in order, each
+    bank through its own format's module."""
+    x, ids, w, gate_up, down = _experts_case("q4_k", "q6_k", T)
+    monkeypatch.setattr(experts, "_carve", lambda like, layout: {
+        n: np.zeros(c, d) for n, d, c in layout})
+    monkeypatch.setattr("freetoken.kernels._cuda.flat_span", lambda a: a.reshape(-1))
+    names = dry_run(monkeypatch, experts, experts.gpu, x, ids, w, gate_up, down,
+                    np.empty(x.shape, np.float32))
+    q = "" if T == 1 else "gemm_"
+    assert f"experts_{q}gate_up_q" in names and f"experts_{q}down_q" in names, names
