@@ -118,9 +118,9 @@ class EngineConfig:
     max_model_len: int | None = _flag(None, "context length in tokens (auto: the model's max_position_embeddings; "
                                             "beyond it runs, with a warning)", kind=int)
     quantize_experts: str = _flag("none", "quantize a dense checkpoint's routed experts at load (q8_0: GGUF's "
-                                  "Q8_0 blocks; fp8: e4m3 in row blocks of 128), the quantization error logged "
-                                  "once; a quantized checkpoint's experts are left as they are",
-                                  ("none", "q8_0", "fp8"))
+                                  "Q8_0 blocks; q4_k: GGUF's Q4_K blocks; fp8: e4m3 in row blocks of 128), the "
+                                  "quantization error logged once; a quantized checkpoint's experts are left as "
+                                  "they are", ("none", "q8_0", "q4_k", "fp8"))
     kv_dtype: str = _flag("auto", "KV cache dtype: auto is float32 for fp32 checkpoints, else bfloat16",
                           ("auto", "bfloat16", "float32"))
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")

@@ -1,6 +1,7 @@
 """--quantize-experts: a dense checkpoint's routed experts quantized at load, for the user with a
-bf16 download and too little memory for it: q8_0 (GGUF's Q8_0 blocks, by gguf-py's quantizer) or
-fp8 (e4m3 codes in FreeToken's row blocks of 128, kernels/qfp8.py). The dense banks are freed when
+bf16 download and too little memory for it: q8_0 (GGUF's Q8_0 blocks, by gguf-py's quantizer), q4_k
+(GGUF's Q4_K blocks, kernels/qencode.py: gguf-py has no Q4_K quantizer) or fp8 (e4m3 codes in
+FreeToken's row blocks of 128, kernels/qfp8.py). The dense banks are freed when
 the quantized model replaces the loaded one, so start-up peaks at the dense model plus the blocks
 (a streaming quantizer inside the loader would avoid that: not done). One log line says the bytes
 before and after and the relative RMS error of the quantized weights against their dense values.
@@ -18,10 +19,13 @@ from freetoken.kernels.qformats import dequantize_ref, is_quantized
 
 
 def quantize_rows(w: np.ndarray, fmt: str) -> np.ndarray:
-    """f32[R, K] -> u8[R, K/V, B] in format fmt ("q8_0" or "fp8")."""
+    """f32[R, K] -> u8[R, K/V, B] in format fmt ("q8_0", "q4_k" or "fp8")."""
     if fmt == "fp8":
         from freetoken.kernels.qfp8 import quantize_fp8_rows
         return quantize_fp8_rows(w)
+    if fmt == "q4_k":
+        from freetoken.kernels.qencode import encode_q4_k
+        return encode_q4_k(w)
     from gguf import GGMLQuantizationType, quants
     q = quants.quantize(np.ascontiguousarray(w, np.float32), GGMLQuantizationType.Q8_0)
     return q.reshape(w.shape[0], w.shape[1] // 32, 34)
@@ -55,7 +59,7 @@ def quantize_experts(weights, moe_layers, fmt: str, log):
 
 def _blocked(shape: tuple[int, int], fmt: str) -> tuple[int, int, int]:
     """[R, K] -> [R, K/V, B] of fmt; K must be a multiple of V (a clear error otherwise)."""
-    values, nbytes = (128, 132) if fmt == "fp8" else (32, 34)
+    values, nbytes = {"fp8": (128, 132), "q4_k": (256, 144)}.get(fmt, (32, 34))
     rows, k = shape
     if k % values:
         from freetoken.config import ConfigError

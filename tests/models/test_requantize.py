@@ -19,13 +19,21 @@ def model_dir(tmp_path_factory):
     return write_random_model(tmp_path_factory.mktemp("rq"), hidden=128, moe_intermediate=128)
 
 
-@pytest.mark.parametrize("fmt, tol", [("q8_0", 0.01), ("fp8", 0.05)])
-def test_experts_become_blocks_close_to_the_dense_weights(model_dir, fmt, tol):
+@pytest.fixture(scope="module")
+def model_256(tmp_path_factory):
+    """Rows of 256 values: whole Q4_K blocks."""
+    return write_random_model(tmp_path_factory.mktemp("rq256"), hidden=256, moe_intermediate=256)
+
+
+@pytest.mark.parametrize("fmt, tol, which", [("q8_0", 0.01, "model_dir"), ("fp8", 0.05, "model_dir"),
+                                             ("q4_k", 0.1, "model_256")])
+def test_experts_become_blocks_close_to_the_dense_weights(request, fmt, tol, which):
+    model_dir = request.getfixturevalue(which)
     dense, quant = LLM(str(model_dir), backend="cpu"), LLM(str(model_dir), backend="cpu", quantize_experts=fmt)
     cfg = quant.core.model_config
     for i in cfg.moe_layers:
         lw, ref = quant.core.weights.layers[i], dense.core.weights.layers[i]
-        assert format_of(lw.gate_up).name == {"q8_0": "q8_0", "fp8": "fp8_b128"}[fmt]
+        assert format_of(lw.gate_up).name == {"q8_0": "q8_0", "q4_k": "q4_k", "fp8": "fp8_b128"}[fmt]
         want = (ref.gate_up.astype(np.uint32) << 16).view(np.float32)       # bf16 bits -> f32
         assert np.sqrt(np.mean((dequantize_ref(lw.gate_up) - want) ** 2) / np.mean(want ** 2)) < tol
     dense.core.close(), quant.core.close()
