@@ -4,7 +4,8 @@
 // Wrapper: freetoken/kernels/embedding.py (gpu)   Spec: embedding.ref   Test: tests/kernels/test_gpu_quant.py
 // q_rows_f32: out[r, :] = the values of row ids[r] of w u8[V,K/V',B] (ids i32[R]); an id outside
 //   [0, V) gives a NaN row, as embedding.cu does (a kernel cannot raise).
-//   grid (ceil(K/1024), R), block 128: thread i of block x writes values 8*(128x + i) .. +8.
+//   grid (R, ceil(K/1024)), block 128: thread i of block (r, y) writes values 8*(128y + i) .. +8
+//   of row r (rows in grid x: a prefill chunk may exceed grid y's 65535).
 #include "qblocks.cuh"
 
 #ifndef QFMT
@@ -13,7 +14,7 @@
 
 extern "C" __global__ void q_rows_f32(const u8* w, const int* ids, float* out, int R, int K,
                                       int V) {
-  const int r = blockIdx.y, k = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+  const int r = blockIdx.x, k = 8 * (blockIdx.y * blockDim.x + threadIdx.x);
   if (r >= R || k >= K) return;
   const int id = ids[r];
   float v[8] = {quiet_nan(), quiet_nan(), quiet_nan(), quiet_nan(),

@@ -1,6 +1,7 @@
 """`python -m freetoken bench bw` on the CPU-only path: B_H measured, B_P skipped and said so, the
 profile written under FREETOKEN_HOME (or --out) and readable by the engine's reader."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +79,8 @@ def test_a_quantized_format_has_its_own_entry(no_gpu, capsys):
     assert entries["q8_0"]["expert_bytes"] == 3 * 64 * 32 // 32 * 34 and entries["q8_0"]["b_h_gbs"] > 0
     assert entries["bf16"]["expert_bytes"] == 3 * 64 * 32 * 2
     assert load_profile(NO_GPU, "q8_0").format == "q8_0"
+    gguf = Path(__file__).parent / "fixtures" / "gguf" / "qwen3moe_256-q4_k_m.gguf"
+    assert expert_shape(str(gguf))["format"] == "q4_k"            # a GGUF: its experts' blocks
     with pytest.raises(SystemExit, match="whole blocks of 256"):
         main(["bench", "bw", "--model", "synth:tiny", "--format", "q4_k", "--iters", "2", "--bank-mib", "1"])
 

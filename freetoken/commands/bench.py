@@ -48,9 +48,15 @@ def register(sub) -> None:
 
 
 def expert_shape(model: str | None) -> dict:
-    """{label, hidden, width, top_k, experts, format} of a model, read from its config only."""
+    """{label, hidden, width, top_k, experts, format} of a model, read from its config only (a GGUF
+    file: its metadata, and the format of its experts' blocks)."""
+    from freetoken.models.gguf_file import is_gguf
     from freetoken.models.hf_config import model_config_from_dict, read_model_config
     from freetoken.models.demo import resolve_model_dir
+    if model and is_gguf(model):
+        cfg, fmt = _gguf_shape(model)
+        return dict(label=model, hidden=cfg.hidden_size, width=cfg.moe_intermediate_size,
+                    top_k=cfg.num_experts_per_tok, experts=cfg.num_experts * len(cfg.moe_layers), format=fmt)
     if model and model.startswith("synth:"):
         from freetoken.models.synth import parse_spec
         _, shape, _ = parse_spec(model[len("synth:"):])
@@ -60,6 +66,17 @@ def expert_shape(model: str | None) -> dict:
     fmt = "bf16" if cfg.torch_dtype == "bfloat16" else "f32"
     return dict(label=model or "demo", hidden=cfg.hidden_size, width=cfg.moe_intermediate_size,
                 top_k=cfg.num_experts_per_tok, experts=cfg.num_experts * len(cfg.moe_layers), format=fmt)
+
+
+def _gguf_shape(path: str):
+    """(ModelConfig, expert format) of a GGUF file: the format of its first MoE layer's gate
+    experts, as the engine's profile key names it (engine/facts.expert_format)."""
+    from freetoken.models.gguf_file import open_gguf
+    from freetoken.models.gguf_weights import gguf_config
+    model = open_gguf(path)
+    cfg = gguf_config(model)
+    kind = model.tensors[f"blk.{cfg.moe_layers[0]}.ffn_gate_exps.weight"].type_name.lower()
+    return cfg, kind if kind in EXPERT_FORMATS else "f32"   # F16/F32 experts are widened to f32
 
 
 def synthetic_bank(shape: dict, budget_bytes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,9 @@ def after_loading(facts: DeviceFacts, weights, moe_layers: tuple) -> DeviceFacts
     their bytes as stored), the host memory left, and on a GPU (the compute backend whenever one
     was probed and found) its free memory and this GPU's bandwidth profile for the experts' format."""
     from freetoken.env import available_memory_bytes
-    fmt = "bf16" if weights.embed.dtype == np.uint16 else "f32"
+    from freetoken.kernels.qformats import is_quantized
+    dense = weights.final_norm if is_quantized(weights.embed) else weights.embed   # norms are never blocks
+    fmt = "bf16" if dense.dtype == np.uint16 else "f32"
     facts = replace(facts, weights_dtype=fmt, host_available_bytes=available_memory_bytes(),
                     stored_bytes=stored_bytes(weights, moe_layers))
     if facts.gpu_missing is not None:
@@ -36,18 +38,19 @@ def after_loading(facts: DeviceFacts, weights, moe_layers: tuple) -> DeviceFacts
     from freetoken.moe.device import gpu_identity
     from freetoken.moe.profile import load_profile
     cupy = load_cupy()
-    key = expert_format(weights, moe_layers) or fmt
-    profile = load_profile((gpu_identity() or ("unknown", ""))[0], key, log=logger) if moe_layers else None
+    profile = (load_profile((gpu_identity() or ("unknown", ""))[0], expert_format(weights, moe_layers), log=logger)
+               if moe_layers else None)
     return replace(facts, free_device_bytes=int(cupy.cuda.runtime.memGetInfo()[0]), profile=profile)
 
 
-def expert_format(weights, moe_layers: tuple) -> str | None:
-    """The routed experts' quantized format ("q4_k", "fp8_b128": the first MoE layer's gate_up, which
-    the bandwidth profile is keyed by), or None when they are dense."""
+def expert_format(weights, moe_layers: tuple) -> str:
+    """The routed experts' format, which the bandwidth profile is keyed by: the first MoE layer's
+    gate_up, a quantized format's name ("q4_k", "fp8_b128") or "bf16" / "f32"."""
     from freetoken.kernels.qformats import format_of, is_quantized
-    if not moe_layers or not is_quantized(weights.layers[moe_layers[0]].gate_up):
-        return None
-    return format_of(weights.layers[moe_layers[0]].gate_up).name
+    gate_up = weights.layers[moe_layers[0]].gate_up
+    if is_quantized(gate_up):
+        return format_of(gate_up).name
+    return "bf16" if gate_up.dtype == np.uint16 else "f32"
 
 
 def stored_bytes(weights, moe_layers: tuple) -> tuple[int, int] | None:
@@ -56,11 +59,15 @@ def stored_bytes(weights, moe_layers: tuple) -> tuple[int, int] | None:
     plan counts from the config."""
     from freetoken.engine.build import device_fields
     from freetoken.kernels.qformats import is_quantized
+    from freetoken.moe.pool import Bank, quantized_slot_bytes
     dense = [weights.embed, weights.final_norm] + ([] if weights.lm_head is weights.embed else [weights.lm_head])
     dense += [getattr(lw, name) for lw in weights.layers for name in device_fields(lw)]
     arrays = [p for a in dense for p in (a if isinstance(a, tuple) else (a,))]
-    experts = [weights.layers[i] for i in moe_layers]
-    if not any(is_quantized(a) for a in arrays) and not any(is_quantized(lw.gate_up) for lw in experts):
+    banks = [Bank(weights.layers[i].gate_up, weights.layers[i].down) for i in moe_layers]
+    if not any(is_quantized(a) for a in arrays) and not any(b.quantized for b in banks):
         return None
-    slot = max((lw.gate_up[0].nbytes + lw.down[0].nbytes for lw in experts), default=0)
+    if banks and banks[0].quantized:
+        slot = sum(quantized_slot_bytes(banks))                      # what moe/pool.slot_pool allocates
+    else:
+        slot = max((sum(b.expert_bytes) for b in banks), default=0)
     return sum(int(a.nbytes) for a in arrays), slot

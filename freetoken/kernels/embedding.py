@@ -51,7 +51,7 @@ def gpu(ids, table, out):
     if is_quantized(table):    # one module per format (cuda/qblocks.cu): the rows dequantized
         args = _cuda.bind(ARGS["q_rows_f32"], w=table, ids=ids, out=out, R=T, K=H, V=V)
         kern = _cuda.kernel("qblocks", "q_rows_f32", _cuda.quant_defines(table))
-        _cuda.launch(kern, (-(-H // 1024), T), (128,), args)
+        _cuda.launch(kern, (T, -(-H // 1024)), (128,), args)
         return out
     entry = f"embedding_{_cuda.dtype_tag(table)}"
     args = _cuda.bind(ARGS[entry], ids=ids, table=table, out=out, T=T, H=H, V=V)

@@ -204,6 +204,7 @@ def gpu(x, w, out):
     if T == 0:
         return out
     parts = w if isinstance(w, tuple) else (w,)
+    assert out.flags.c_contiguous, out.strides    # each part writes rows T apart by M (ldy)
     at = 0
     for part in parts:
         m = logical_shape(part)[0]

@@ -66,9 +66,15 @@ def slot_pool(xp, num_slots: int, banks: list[Bank]) -> tuple:
     if not like.quantized:
         return (xp.zeros((num_slots,) + like.gate_up.shape[1:], like.gate_up.dtype),
                 xp.zeros((num_slots,) + like.down.shape[1:], like.down.dtype))
-    gu = max(b.expert_bytes[0] for b in banks)
-    dn = max(b.expert_bytes[1] for b in banks)
+    gu, dn = quantized_slot_bytes(banks)
     return xp.zeros((num_slots, gu), np.uint8), xp.zeros((num_slots, dn), np.uint8)
+
+
+def quantized_slot_bytes(banks: list[Bank]) -> tuple[int, int]:
+    """Bytes of one slot's gate_up and down for quantized banks: the largest layer's of each (they
+    may come from different layers), rounded up to 16 so every slot starts 16-byte aligned (the
+    fill copies move 16-byte vectors only between aligned ends)."""
+    return tuple(-(-max(b.expert_bytes[i] for b in banks) // 16) * 16 for i in (0, 1))
 
 
 def slot_views(pool: tuple, bank: Bank) -> tuple:

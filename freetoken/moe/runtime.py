@@ -39,7 +39,7 @@ from freetoken.config import ConfigError, ModelConfig
 from freetoken.moe.cpu_branch import HANDOFF_MODE, make_cpu_branch
 from freetoken.moe.device import HostDevice
 from freetoken.moe.host_pool import HostPool, pin_host_pool
-from freetoken.moe.pool import Bank, check_banks, slot_pool, slot_views
+from freetoken.moe.pool import Bank, check_banks, quantized_slot_bytes, slot_pool, slot_views
 from freetoken.log import Log
 from freetoken.moe.prefill import PrefillStreamer, overlap_ok, prefill_as_decode
 from freetoken.moe.residency import COUNTERS
@@ -278,7 +278,7 @@ def _stored_as(banks: list[Bank]) -> str:
         return ""
     from freetoken.kernels.qformats import format_of
     names = sorted({format_of(a).name for b in banks for a in (b.gate_up, b.down)})
-    slot = max(sum(b.expert_bytes) for b in banks)
+    slot = sum(quantized_slot_bytes(banks))
     return f", experts in {'/'.join(names)} blocks, {slot / 2**20:.2f} MiB a slot"
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from freetoken.config import ConfigError, EngineConfig
@@ -210,9 +211,12 @@ def test_stored_bytes_of_a_quantized_gguf_are_what_the_device_holds():
     loaded = load_model(str(GGUF_Q4_K_M), logger)
     w, moe = loaded.weights, loaded.config.moe_layers
     dense, slot = stored_bytes(w, moe)
-    assert slot == max(w.layers[i].gate_up[0].nbytes + w.layers[i].down[0].nbytes for i in moe)
+    from freetoken.moe.pool import Bank, slot_pool
+    pool = slot_pool(np, 1, [Bank(w.layers[i].gate_up, w.layers[i].down) for i in moe])
+    assert slot == pool[0].nbytes + pool[1].nbytes                   # what the runtime allocates
     assert expert_format(w, moe) == "q4_k" and dense < w.embed.nbytes * 8
-    assert stored_bytes(read_dense_demo(), (0, 1, 2, 3)) is None
+    demo = read_dense_demo()
+    assert stored_bytes(demo, (0, 1, 2, 3)) is None and expert_format(demo, (0,)) == "bf16"
 
 
 def test_a_gdn_models_device_checkpoints_get_only_what_the_expert_cache_leaves_unless_asked():

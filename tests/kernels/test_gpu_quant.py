@@ -57,6 +57,25 @@ def test_linear_matches_ref(name, T):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "fp8_b128"])
+def test_linear_long_rows_and_unaligned_x(name):
+    """K = 2048 takes the GEMV's unrolled loop more than once; an x 4 bytes off 16-byte alignment
+    takes the quantized rows' scalar path."""
+    cp = load_cupy()
+    rng = np.random.default_rng(9)
+    w = random_blocks(name, (12,), 2048, rng)
+    for T in (1, 3):
+        x = rng.standard_normal((T, 2048), dtype=np.float32)
+        buf = cp.empty(T * 2048 + 1, cp.float32)
+        dx = buf[1:].reshape(T, 2048)                     # contiguous, 4 bytes off
+        dx[...] = cp.asarray(x)
+        for arg in (cp.asarray(x), dx):
+            out = cp.full((T, 12), np.nan, cp.float32)
+            linear.gpu(arg, cp.asarray(w), out)
+            close(f"linear gpu {name} K2048 T{T}", linear.ref(x, w), out.get())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T", [2, 40])
 def test_linear_in_parts(T):
     """q/k/v of two formats (Q4_K_M's attn_v in Q6_K): each part writes its columns of out."""

@@ -254,6 +254,40 @@ def test_fill_and_prefill_copies(dtype):
         np.testing.assert_array_equal(pool[1][12:20].get(), banks[1][1])
 
 
+@pytest.mark.gpu
+def test_quantized_copies_into_slots_a_stride_apart():
+    """Layer 0 in Q4_K, layer 1 in Q6_K: the byte pool's slots are as wide as layer 1's experts, so
+    layer 0's views are a stride apart from their rows; fills and prefill loads (from the host and
+    from a resident slot) move each expert's bytes exactly, and nothing past them in the slot."""
+    cp = load_cupy()
+
+    from freetoken.kernels.qformats import random_blocks
+    from freetoken.moe.host_pool import pin_host_pool
+    from freetoken.moe.pool import Bank, slot_pool, slot_views
+    from freetoken.moe.residency_gpu import GpuResidency
+    rng = np.random.default_rng(6)
+    E, S = 6, 16
+    banks = [Bank(random_blocks(f, (E, 512), 256, rng), random_blocks(f, (E, 256), 256, rng)) for f in ("q4_k", "q6_k")]
+    with pin_host_pool([(b.gate_up, b.down) for b in banks]) as host:
+        res, pool = GpuResidency(2, E, S), slot_pool(cp, S, banks)
+        pool[0].fill(0xAB)
+        views = slot_views(pool, banks[0])
+        assert views[0].strides[0] == pool[0].shape[1] > banks[0].gate_up[0].nbytes
+        ids = np.array([[4, 1]], np.int32)
+        res.step(0, cp.asarray(ids), cp.empty(ids.shape, cp.int32), FetchPolicy.fetch_all())
+        res.fill(host.device_views(0), views)
+        slot_for = res.snapshot()["slot_for"]
+        for e in (1, 4):
+            s = int(slot_for[0, e])
+            np.testing.assert_array_equal(views[0][s].get(), banks[0].gate_up[e])
+            np.testing.assert_array_equal(views[1][s].get(), banks[0].down[e])
+            assert (pool[0][s, banks[0].gate_up[0].nbytes:].get() == 0xAB).all()     # the slack untouched
+        res.load_layer(0, 0, E, host.device_views(0), views, dst0=8, keep_lo=0)
+        for e in range(E):
+            np.testing.assert_array_equal(views[0][8 + e].get(), banks[0].gate_up[e])
+            np.testing.assert_array_equal(views[1][8 + e].get(), banks[0].down[e])
+
+
 # --- the wrappers up to the launch, on numpy arrays (CPU) ----------------------------------------
 
 def test_wrappers_bind_every_argument(monkeypatch):
