@@ -40,8 +40,8 @@ def gguf_config(model: GGUFModel) -> ModelConfig:
           "hidden_size": hidden, "num_hidden_layers": layers,
           "num_attention_heads": heads, "num_key_value_heads": int(key("attention.head_count_kv", heads)),
           "head_dim": int(key("attention.key_length", hidden // heads)),
-          "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon", 1e-6)),
-          "rope_theta": _f32(key("rope.freq_base", 10000.0)),
+          "rms_norm_eps": metadata_float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+          "rope_theta": metadata_float(key("rope.freq_base", 10000.0)),
           "max_position_embeddings": int(key("context_length", 32768)),
           "tie_word_embeddings": "output.weight" not in model.tensors,
           "num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
@@ -50,39 +50,39 @@ def gguf_config(model: GGUFModel) -> ModelConfig:
           "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in model.tensors],
           "norm_topk_prob": True, "torch_dtype": "bfloat16" if model.bf16 else "float32"}
     if scaling and scaling != "none":
-        hf["rope_scaling"] = {"rope_type": scaling, "factor": _f32(key("rope.scaling.factor", 1.0))}
+        hf["rope_scaling"] = {"rope_type": scaling, "factor": metadata_float(key("rope.scaling.factor", 1.0))}
     return model_config_from_dict(hf)
 
 
 def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
     """ModelWeights of the file, every tensor widened to the model dtype (gguf_config's torch_dtype)."""
     layout = expected_tensors(cfg)
-    _check_tensors(model, layout)
-    read = _Reader(model, np.dtype(np.uint16) if model.bf16 else np.dtype(np.float32), layout)
+    check_tensors(model, layout)
+    read = TensorReader(model, np.dtype(np.uint16) if model.bf16 else np.dtype(np.float32), layout)
     widen_why = experts_stay_quantized(model, cfg) if cfg.moe_layers else "no MoE layers"
     read.quantized_experts = not widen_why
     if log is not None and cfg.moe_layers:
-        types = "/".join(sorted(_expert_types(model, cfg)))
+        types = "/".join(sorted(expert_types(model, cfg)))
         log.info("GGUF experts %s", f"({types}) loaded as {read.dtype.name.replace('uint16', 'bf16')}: {widen_why}"
                  if widen_why else f"kept in the file's blocks ({types})")
     embed = read.kept("token_embd.weight")
     lm_head = embed if cfg.tie_word_embeddings else read.kept("output.weight")
     layers = load_layers(lambda i: _layer(read, cfg, i), cfg.num_layers)
-    kept = read.blocks_of | ({n for i in cfg.moe_layers for n in _expert_names(i)} if read.quantized_experts else set())
+    kept = read.blocks_of | ({n for i in cfg.moe_layers for n in expert_names(i)} if read.quantized_experts else set())
     widened = {t.type_name for n, t in model.tensors.items() if n not in kept} - {"F32", "BF16"}
     if log is not None:
         log.info("GGUF: %d tensors kept in their blocks, %s widened to %s at load: %s in memory for a %s file",
-                 len(kept), "/".join(sorted(widened)) or "none", "bf16" if model.bf16 else "f32", _size(read.nbytes),
-                 _size(sum(t.data.nbytes for t in model.tensors.values())))
+                 len(kept), "/".join(sorted(widened)) or "none", "bf16" if model.bf16 else "f32", size_text(read.nbytes),
+                 size_text(sum(t.data.nbytes for t in model.tensors.values())))
     return ModelWeights(embed=embed, final_norm=read("output_norm.weight"), lm_head=lm_head, layers=layers)
 
 
-def _expert_names(i: int) -> tuple[str, ...]:
+def expert_names(i: int) -> tuple[str, ...]:
     return tuple(f"blk.{i}.ffn_{n}_exps.weight" for n in ("gate", "up", "down"))
 
 
-def _expert_types(model: GGUFModel, cfg: ModelConfig) -> set[str]:
-    return {model.tensors[n].type_name for i in cfg.moe_layers for n in _expert_names(i)}
+def expert_types(model: GGUFModel, cfg: ModelConfig) -> set[str]:
+    return {model.tensors[n].type_name for i in cfg.moe_layers for n in expert_names(i)}
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -107,7 +107,7 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _check_tensors(model: GGUFModel, layout: dict) -> None:
+def check_tensors(model: GGUFModel, layout: dict) -> None:
     """Every tensor present and of the shape the config implies, before any is widened."""
     for name, shape in layout.items():
         t = model.tensors.get(name)
@@ -125,7 +125,7 @@ def _values_per_row(t) -> int:
     return t.data.shape[-1] // nbytes * block if t.data.dtype == np.uint8 else t.data.shape[-1]
 
 
-class _Reader:
+class TensorReader:
     """name -> the tensor widened (gguf-py) to the model dtype, into `out` when given; counts bytes."""
 
     def __init__(self, model: GGUFModel, dtype: np.dtype, layout: dict):
@@ -163,35 +163,35 @@ class _Reader:
         return out
 
 
-def _layer(read: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
+def _layer(read: TensorReader, cfg: ModelConfig, i: int) -> LayerWeights:
     """One layer; the stacked arrays (qkv, gate_up) are filled in place, not concatenated."""
     p, H, D, Hq, G = f"blk.{i}.", cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    qkv = _qkv(read, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], ((Hq + 2 * G) * D, H))
+    qkv = stacked_qkv(read, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], ((Hq + 2 * G) * D, H))
     if cfg.is_moe_layer(i):
         E, I = cfg.num_experts, cfg.moe_intermediate_size
         router = read(p + "ffn_gate_inp.weight")
         if read.quantized_experts:
             gate_up, down = read.counted(quantized_banks(read.model, p, E, I))
         else:
-            gate_up = _stacked(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
+            gate_up = stacked_widened(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
             down = read(p + "ffn_down_exps.weight")
     else:
         I = cfg.intermediate_size
         router = None
-        gate_up = _stacked(read, [p + "ffn_gate.weight", p + "ffn_up.weight"], (2 * I, H), 0)[None]
+        gate_up = stacked_widened(read, [p + "ffn_gate.weight", p + "ffn_up.weight"], (2 * I, H), 0)[None]
         down = read(p + "ffn_down.weight")[None]
     return LayerWeights(input_norm=read(p + "attn_norm.weight"), post_norm=read(p + "ffn_norm.weight"),
                         qkv=qkv, o_proj=read.kept(p + "attn_output.weight"), q_norm=read(p + "attn_q_norm.weight"),
                         k_norm=read(p + "attn_k_norm.weight"), router=router, gate_up=gate_up, down=down)
 
 
-def _qkv(read: _Reader, names: list[str], shape: tuple[int, int]):
+def stacked_qkv(read: TensorReader, names: list[str], shape: tuple[int, int]):
     """q, k and v stacked: in one array of blocks when they share a block format; as a tuple of
     parts (linear's stacked form) when they are quantized in different ones (Q4_K_M keeps some
     layers' v in Q6_K); widened into one array when none is quantized."""
     tensors = [read.model.tensors[n] for n in names]
     if all(block_format(t) is None for t in tensors):
-        return _stacked(read, names, shape, 0)
+        return stacked_widened(read, names, shape, 0)
     one = stacked_blocks(tensors)
     if one is not None:
         read.blocks_of.update(names)
@@ -199,7 +199,7 @@ def _qkv(read: _Reader, names: list[str], shape: tuple[int, int]):
     return tuple(read.kept(n) for n in names)
 
 
-def _stacked(read: _Reader, names: list[str], shape: tuple[int, ...], axis: int) -> np.ndarray:
+def stacked_widened(read: TensorReader, names: list[str], shape: tuple[int, ...], axis: int) -> np.ndarray:
     """The tensors stacked along `axis` of one array of `shape`, each widened into its slice."""
     out = np.empty(shape, read.dtype)
     read.nbytes += out.nbytes
@@ -209,10 +209,10 @@ def _stacked(read: _Reader, names: list[str], shape: tuple[int, ...], axis: int)
     return out
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def _f32(value) -> float:
+def metadata_float(value) -> float:
     """A float32 metadata value as the decimal it was written from (1e-06, not 9.99999997e-07)."""
     return float(str(np.float32(value)))

@@ -64,10 +64,16 @@ def load_model(model: str | None, log) -> LoadedModel:
 
 
 def _load_gguf(path: Path, log) -> LoadedModel:
-    """A GGUF file (or the first part of a split set): config, weights and tokenizer from the file."""
+    """A GGUF file (or the first part of a split set): config, weights and tokenizer from the file;
+    the Gated DeltaNet families through models/gguf_gdn.py, the others through gguf_weights.py."""
+    from freetoken.models import registry
     from freetoken.models.gguf_file import open_gguf
     from freetoken.models.gguf_tokenizer import gguf_tokenizer
-    from freetoken.models.gguf_weights import gguf_config, gguf_weights
     model = open_gguf(path)
+    family = registry.family(registry.from_gguf(model.architecture))
+    if family is not None and family.gdn:
+        from freetoken.models.gguf_gdn import gdn_gguf_config as gguf_config, gdn_gguf_weights as gguf_weights
+    else:                                                            # unknown ones fail there, naming the list
+        from freetoken.models.gguf_weights import gguf_config, gguf_weights
     cfg, tokenizer = gguf_config(model), gguf_tokenizer(model)      # both fail in seconds, before the widening
     return LoadedModel(path.name, path, cfg, gguf_weights(model, cfg, log), tokenizer)

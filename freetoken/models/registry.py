@@ -24,13 +24,15 @@ class Family:
 GDN_MODEL, GDN_LOADER = "freetoken.models.qwen3_next:Qwen3Next", "freetoken.models.hf_gdn:load_gdn"
 QWEN3_MOE = Family("Qwen3-MoE", "freetoken.models.qwen3_moe:Qwen3Moe", "freetoken.models.weights:load_qwen3_moe",
                    gguf="qwen3moe")
-QWEN3_5_MOE = Family("Qwen3.5/3.6-MoE", GDN_MODEL, GDN_LOADER, gdn=True, router_renormalises=True)
+QWEN3_5_MOE = Family("Qwen3.5/3.6-MoE", GDN_MODEL, GDN_LOADER, gdn=True, router_renormalises=True,
+                     gguf="qwen35moe")
 
 ARCHITECTURES: dict[str, Family] = {
     "Qwen3MoeForCausalLM": QWEN3_MOE,
-    "Qwen3_5MoeForConditionalGeneration": replace(QWEN3_5_MOE, text_config=True),
+    # a qwen35moe GGUF holds the text model: it reads as Qwen3_5MoeForCausalLM
+    "Qwen3_5MoeForConditionalGeneration": replace(QWEN3_5_MOE, text_config=True, gguf=""),
     "Qwen3_5MoeForCausalLM": QWEN3_5_MOE,
-    "Qwen3NextForCausalLM": Family("Qwen3-Next", GDN_MODEL, GDN_LOADER, gdn=True),
+    "Qwen3NextForCausalLM": Family("Qwen3-Next", GDN_MODEL, GDN_LOADER, gdn=True, gguf="qwen3next"),
 }
 
 

@@ -58,18 +58,22 @@ def matches_transformers(path: Path, exp, backend: str) -> None:
     """Teacher-forced logits within 2e-4 of transformers' (prefill too when recorded) and the same
     32 greedy tokens."""
     llm, logits = logits_of(path, exp, backend)
-    P = len(exp["prompt_ids"])
-    if "prefill_logits" in exp:
-        np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
-    np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
-    out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-    assert out.token_ids == exp["greedy_ids"].tolist()
+    try:
+        P = len(exp["prompt_ids"])
+        if "prefill_logits" in exp:
+            np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
+        np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
+        out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+        assert out.token_ids == exp["greedy_ids"].tolist()
+    finally:
+        llm.core.close()
 
 
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
 def test_bf16_file_matches_transformers(backend):
     exp = np.load(HF / "bf16" / "expected.npz")
-    _, logits = logits_of(gguf("bf16"), exp, backend)
+    llm, logits = logits_of(gguf("bf16"), exp, backend)
+    llm.core.close()
     logits = logits[len(exp["prompt_ids"]) - 1:]
     np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
     sure = exp["step_top2_margin"] > 1.0
@@ -234,6 +238,17 @@ def test_an_unknown_pre_tokenizer_is_refused_not_guessed():
         broken = dataclasses.replace(model, metadata={**model.metadata, "tokenizer.ggml.pre": pre})
         with pytest.raises(GGUFError, match=f"pre-tokenizer '{pre}' is not one FreeToken knows"):
             gguf_tokenizer(broken)
+
+
+def test_qwen35s_pre_tokenizer_keeps_combining_marks_in_the_word():
+    """Qwen3.5/3.6 files name their pre-tokenizer "qwen35": \\p{M} joins the letter class, so a
+    Devanagari word with vowel signs is one piece, where qwen2's regex cuts it at each mark."""
+    model = open_gguf(gguf("q8_0"))
+    pieces = {}
+    for pre in ("qwen2", "qwen35"):
+        tok = gguf_tokenizer(dataclasses.replace(model, metadata={**model.metadata, "tokenizer.ggml.pre": pre}))
+        pieces[pre] = tok._tok.pre_tokenizer.pre_tokenize_str("नमस्ते world")
+    assert len(pieces["qwen35"]) == 2 and len(pieces["qwen2"]) > 2, pieces
 
 
 def test_a_split_set_missing_a_part_is_named(tmp_path):
