@@ -18,13 +18,10 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
 
 
 def _check_quantization(qc, arch: str) -> None:
-    """A quantized checkpoint FreeToken reads: Qwen's block FP8 of a Qwen3-MoE (models/fp8_weights.py)
-    only; the GDN loaders' packed projections do not read FP8 yet."""
+    """A quantized checkpoint FreeToken reads: Qwen's block FP8 (models/fp8_weights.py), of any
+    registered family (Qwen3-MoE, the GDN models)."""
     if qc is None:
         return
-    if arch != "Qwen3MoeForCausalLM":
-        raise ConfigError(f"a quantized {arch} checkpoint (quantization_config): FreeToken reads block FP8 for "
-                          "Qwen3MoeForCausalLM only, and GGUF files of qwen3moe (docs/formats.md)")
     method, block = qc.get("quant_method"), qc.get("weight_block_size")
     if method != "fp8":
         raise ConfigError(f"quantization_config.quant_method {method!r}: FreeToken reads block FP8 (\"fp8\") "

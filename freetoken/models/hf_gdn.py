@@ -8,6 +8,13 @@ per expert or packed land in the same banks (weights.expert_banks). The Gemma-st
 w and scale by 1 + w: the factor is folded in here, kept in float32 (1 + w rounded to bf16 would
 lose w's low bits). Vision (model.visual.*) and multi-token-prediction (mtp.*) weights are not
 read: this build serves text.
+
+Block FP8 (Qwen3.6-FP8, Qwen3-Next-FP8; models/fp8_weights.py): the linears a release converts
+(attention q/k/v/o, the GDN in_proj parts and out_proj, the experts, the shared expert) stay in
+FP8 row blocks when their K is a multiple of 128. Every re-arrangement here moves whole rows, and a
+row block is a row, so the packed projections re-order the same way in blocks. Parts that cannot
+share one array (some FP8, some not) become a tuple of parts, which the linear op writes into its
+output's columns; a shared expert whose three projections are not all FP8 blocks is widened.
 Shape legend as models/gdn_weights.py.
 """
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.config import ModelConfig
+from freetoken.models.fp8_weights import fp8_stacked, is_fp8, keeps_blocks
 from freetoken.models.gdn_weights import GdnLayerWeights
 from freetoken.models.weights import (Checkpoint, ModelWeights, dense_banks, expert_banks, load_layers, read_tensor,
                                       row_slices)
@@ -48,9 +56,8 @@ def _layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype) -> GdnLayerWeights:
 
 def _attention(ck: Checkpoint, cfg: ModelConfig, p: str, dtype) -> dict:
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    qkv = np.empty(((2 * Hq + 2 * G) * D, H), dtype)
-    for rows, (proj, n) in zip(row_slices(2 * Hq * D, G * D, G * D), (("q", 2 * Hq * D), ("k", G * D), ("v", G * D))):
-        read_tensor(ck, f"{p}self_attn.{proj}_proj.weight", (n, H), dtype, out=qkv[rows])
+    names = [f"{p}self_attn.{proj}_proj.weight" for proj in "qkv"]
+    qkv = _stacked(ck, names, [(2 * Hq * D, H), (G * D, H), (G * D, H)], dtype)
     return dict(qkv=qkv, o_proj=read_tensor(ck, f"{p}self_attn.o_proj.weight", (H, Hq * D), dtype),
                 q_norm=_norm(ck, f"{p}self_attn.q_norm.weight", D), k_norm=_norm(ck, f"{p}self_attn.k_norm.weight", D))
 
@@ -66,14 +73,31 @@ def _gdn(ck: Checkpoint, cfg: ModelConfig, p: str, dtype) -> dict:
                 out_proj=read_tensor(ck, f"{q}out_proj.weight", (H, Hv * Dv), dtype))
 
 
-def _split_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype) -> np.ndarray:
+def _stacked(ck: Checkpoint, names: list[str], shapes: list[tuple[int, int]], dtype):
+    """Linears stacked along their rows: FP8 row blocks when all are (fp8_stacked), else one dense
+    array, or a tuple of the FP8 run and the dense run when the checkpoint converted only some
+    (Qwen3.6-FP8 may leave the small in_proj_b / _a dense)."""
+    fp8 = [is_fp8(ck, n) and keeps_blocks(s) for n, s in zip(names, shapes)]
+    if all(fp8):
+        return fp8_stacked(ck, names, shapes)
+    k = fp8.index(False)
+    if any(fp8) and not any(fp8[k:]):            # an FP8 run, then the rest dense: two parts
+        return (fp8_stacked(ck, names[:k], shapes[:k]), _dense_stack(ck, names[k:], shapes[k:], dtype))
+    return _dense_stack(ck, names, shapes, dtype)
+
+
+def _dense_stack(ck: Checkpoint, names: list[str], shapes: list[tuple[int, int]], dtype) -> np.ndarray:
+    out = np.empty((sum(s[0] for s in shapes), shapes[0][1]), dtype)
+    for rows, name, shape in zip(row_slices(*(s[0] for s in shapes)), names, shapes):
+        read_tensor(ck, name, shape, dtype, out=out[rows])     # an FP8 part is widened by the spec
+    return out
+
+
+def _split_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype):
     """Qwen3.5: in_proj_qkv [C, H], in_proj_z [Hv*Dv, H], in_proj_b / in_proj_a [Hv, H], stacked."""
     H, Hv, Dv, C = cfg.hidden_size, cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim
-    out = np.empty((C + Hv * Dv + 2 * Hv, H), dtype)
-    for rows, (name, n) in zip(row_slices(C, Hv * Dv, Hv, Hv),
-                               (("in_proj_qkv", C), ("in_proj_z", Hv * Dv), ("in_proj_b", Hv), ("in_proj_a", Hv))):
-        read_tensor(ck, f"{q}{name}.weight", (n, H), dtype, out=out[rows])
-    return out
+    names = [f"{q}{name}.weight" for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")]
+    return _stacked(ck, names, [(C, H), (Hv * Dv, H), (Hv, H), (Hv, H)], dtype)
 
 
 def _packed_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype) -> np.ndarray:
@@ -83,11 +107,16 @@ def _packed_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype) -> np.ndarr
     H, Hk, Hv, Dk, Dv = cfg.hidden_size, cfg.linear_num_key_heads, cfg.linear_num_value_heads, \
         cfg.linear_key_head_dim, cfg.linear_value_head_dim
     r = Hv // Hk
-    qkvz = read_tensor(ck, f"{q}in_proj_qkvz.weight", (Hk * (2 * Dk + 2 * r * Dv), H), dtype).reshape(Hk, -1, H)
-    ba = read_tensor(ck, f"{q}in_proj_ba.weight", (Hk * 2 * r, H), dtype).reshape(Hk, 2 * r, H)
+    qkvz = read_tensor(ck, f"{q}in_proj_qkvz.weight", (Hk * (2 * Dk + 2 * r * Dv), H), dtype)
+    ba = read_tensor(ck, f"{q}in_proj_ba.weight", (Hk * 2 * r, H), dtype)
+    qkvz, ba = (w.reshape(Hk, -1, *w.shape[1:]) for w in (qkvz, ba))     # a row: H values, or FP8 blocks
     parts = [qkvz[:, :Dk], qkvz[:, Dk:2 * Dk], qkvz[:, 2 * Dk:2 * Dk + r * Dv], qkvz[:, 2 * Dk + r * Dv:],
              ba[:, :r], ba[:, r:]]
-    return np.ascontiguousarray(np.concatenate([x.reshape(-1, H) for x in parts]))
+    rows = [np.ascontiguousarray(np.concatenate([x.reshape(-1, *x.shape[2:]) for x in group]))
+            for group in (parts[:4], parts[4:])]
+    if rows[0].shape[1:] == rows[1].shape[1:] and rows[0].dtype == rows[1].dtype:
+        return np.concatenate(rows)
+    return tuple(rows)                    # FP8 qkvz with a dense ba: two parts along the rows
 
 
 def _mlp(ck: Checkpoint, cfg: ModelConfig, i: int, p: str, dtype) -> dict:
@@ -99,11 +128,16 @@ def _mlp(ck: Checkpoint, cfg: ModelConfig, i: int, p: str, dtype) -> dict:
     out["gate_up"], out["down"] = expert_banks(ck, cfg, p, dtype)
     Is = cfg.shared_expert_intermediate_size
     if Is:
-        s = f"{p}mlp.shared_expert."
-        gate_up = np.empty((1, 2 * Is, H), dtype)
-        read_tensor(ck, f"{s}gate_proj.weight", (Is, H), dtype, out=gate_up[0, :Is])
-        read_tensor(ck, f"{s}up_proj.weight", (Is, H), dtype, out=gate_up[0, Is:])
-        out.update(shared_gate_up=gate_up,
-                   shared_down=np.ascontiguousarray(read_tensor(ck, f"{s}down_proj.weight", (H, Is), dtype))[None],
+        gate_up, down = _shared_expert(ck, f"{p}mlp.shared_expert.", H, Is, dtype)
+        out.update(shared_gate_up=gate_up, shared_down=down,
                    shared_gate=read_tensor(ck, f"{p}mlp.shared_expert_gate.weight", (1, H), dtype))
     return out
+
+
+def _shared_expert(ck: Checkpoint, s: str, H: int, Is: int, dtype) -> tuple:
+    """One-expert banks gate_up [1, 2Is, H], down [1, H, Is]: FP8 row blocks when all three
+    projections keep blocks, else dense (an FP8 one widened), so the two banks share a kind."""
+    names, shapes = [f"{s}{n}_proj.weight" for n in ("gate", "up", "down")], [(Is, H), (Is, H), (H, Is)]
+    if all(is_fp8(ck, n) and keeps_blocks(sh) for n, sh in zip(names, shapes)):
+        return fp8_stacked(ck, names[:2], shapes[:2])[None], fp8_stacked(ck, names[2:], shapes[2:])[None]
+    return _dense_stack(ck, names[:2], shapes[:2], dtype)[None], _dense_stack(ck, names[2:], shapes[2:], dtype)[None]

@@ -155,5 +155,6 @@ def dense_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
     gate_up = np.empty((1, 2 * I, H), dtype)
     read_tensor(ck, f"{p}mlp.gate_proj.weight", (I, H), dtype, out=gate_up[0, :I])
     read_tensor(ck, f"{p}mlp.up_proj.weight", (I, H), dtype, out=gate_up[0, I:])
-    down = read_tensor(ck, f"{p}mlp.down_proj.weight", (H, I), dtype)[None]
+    down = np.empty((1, H, I), dtype)          # read into a dense array like gate_up: an FP8 one widened
+    read_tensor(ck, f"{p}mlp.down_proj.weight", (H, I), dtype, out=down[0])
     return gate_up, down

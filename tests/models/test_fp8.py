@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fp8_checkpoints import write_fp8_pair
+from fp8_checkpoints import write_fp8_gdn_pair, write_fp8_pair
+from test_hf_parity import teacher_forced_logits
 from test_gguf import matches_transformers, served_name_after_two_sdk_answers
 
 from freetoken import LLM, SamplingParams
@@ -101,6 +102,42 @@ def test_the_cuda_backend_gives_the_cpu_tokens(pair):
     assert greedy(pair[0], backend="cuda", moe_backend="hybrid", moe_cache_rate=0.5) == greedy(pair[0])
 
 
+# --- the GDN families (Qwen3.5/3.6-MoE, Qwen3-Next) ----------------------------------------------
+
+@pytest.fixture(scope="module", params=["qwen35", "qwen3next"])
+def gdn_pair(request, tmp_path_factory):
+    return write_fp8_gdn_pair(tmp_path_factory.mktemp(f"fp8_{request.param}"), request.param)
+
+
+def _logits(path, **options):
+    llm = LLM(str(path), **{"backend": "cpu", **options})
+    try:
+        return llm.core.weights, teacher_forced_logits(llm, np.array(PROMPT))
+    finally:
+        llm.core.close()
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_gdn_fp8_computes_what_its_dequantized_twin_computes(gdn_pair, backend):
+    """Attention, GDN in_proj and out_proj, routed and shared experts in FP8 row blocks (the packed
+    and the split in_proj re-ordered in blocks; its dense b/a rows a second part), the same
+    logits as the dense twin holding the spec's values."""
+    (w, got), (_, want) = _logits(gdn_pair[0], backend=backend), _logits(gdn_pair[1], backend=backend)
+    gdn, attn = w.layers[0], w.layers[1]
+    fp8_part, dense_part = gdn.in_proj
+    assert format_of(fp8_part).name == "fp8_b128" and dense_part.dtype == np.float32
+    for a in (gdn.out_proj, attn.qkv, attn.o_proj, gdn.gate_up, gdn.down, gdn.shared_gate_up, gdn.shared_down):
+        assert format_of(a).name == "fp8_b128"
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.gpu
+def test_gdn_fp8_on_the_cuda_backend(gdn_pair):
+    _, want = _logits(gdn_pair[0])
+    _, got = _logits(gdn_pair[0], backend="cuda", moe_backend="offload", moe_cache_rate=0.5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
 def test_bad_checkpoints_are_one_clear_error(pair, tmp_path):
     fp8, _ = pair
     cfg = json.loads((fp8 / "config.json").read_text())
@@ -109,8 +146,8 @@ def test_bad_checkpoints_are_one_clear_error(pair, tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {**cfg["quantization_config"], **change}}))
         with pytest.raises(ConfigError, match=message):
             read_model_config(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3NextForCausalLM"]}))
-    with pytest.raises(ConfigError, match="block FP8 for Qwen3MoeForCausalLM only"):   # GDN loaders: not yet
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ConfigError, match="LlamaForCausalLM"):
         read_model_config(tmp_path)
     from freetoken.models.safetensors_io import Checkpoint
     ck = Checkpoint(fp8)
