@@ -45,11 +45,10 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
-from freetoken.models import registry
 from freetoken.models.gdn_weights import GdnLayerWeights
 from freetoken.models.gguf_blocks import block_format, experts_stay_quantized, quantized_banks, stacked_blocks
 from freetoken.models.gguf_file import GGUFError, GGUFModel
-from freetoken.models.gguf_weights import (TensorReader, check_tensors, expert_names, expert_types, metadata_float,
+from freetoken.models.gguf_weights import (TensorReader, check_tensors, expert_names, expert_types, hf_config_keys,
                                            size_text, stacked_qkv, stacked_widened)
 from freetoken.models.weights import ModelWeights, load_layers
 
@@ -61,28 +60,14 @@ def gdn_gguf_config(model: GGUFModel) -> ModelConfig:
     """The ModelConfig of the file's metadata, through the same mapping as a config.json."""
     from freetoken.models.hf_config import model_config_from_dict
     key, need = model.key, model.require
-    heads, layers, hidden = int(need("attention.head_count")), _text_layers(model), int(need("embedding_length"))
-    D, Hv = int(key("attention.key_length", hidden // heads)), int(need("ssm.time_step_rank"))
-    hf = {"architectures": [registry.from_gguf(model.architecture)],
-          "vocab_size": len(need("tokenizer.ggml.tokens", of_architecture=False)),
-          "hidden_size": hidden, "num_hidden_layers": layers, "head_dim": D,
-          "num_attention_heads": heads, "num_key_value_heads": int(key("attention.head_count_kv", heads)),
-          "rms_norm_eps": metadata_float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-          "rope_theta": metadata_float(key("rope.freq_base", 10000.0)),
-          "max_position_embeddings": int(key("context_length", 32768)),
-          "tie_word_embeddings": "output.weight" not in model.tensors,
-          "num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
-          "moe_intermediate_size": int(need("expert_feed_forward_length")),
-          "intermediate_size": int(key("feed_forward_length", need("expert_feed_forward_length"))),
-          "norm_topk_prob": True, "torch_dtype": "bfloat16" if model.bf16 else "float32",
-          "layer_types": _layer_types(model, layers), "linear_num_key_heads": int(need("ssm.group_count")),
+    layers = _text_layers(model)
+    hf = hf_config_keys(model, layers)
+    D, Hv = hf["head_dim"], int(need("ssm.time_step_rank"))
+    hf |= {"layer_types": _layer_types(model, layers), "linear_num_key_heads": int(need("ssm.group_count")),
           "linear_num_value_heads": Hv, "linear_key_head_dim": int(need("ssm.state_size")),
           "linear_value_head_dim": _value_head_dim(model, Hv), "linear_conv_kernel_dim": int(need("ssm.conv_kernel")),
           "shared_expert_intermediate_size": int(key("expert_shared_feed_forward_length", 0)),
           "partial_rotary_factor": int(key("rope.dimension_count", D)) / D}
-    scaling = key("rope.scaling.type")
-    if scaling and scaling != "none":
-        hf["rope_scaling"] = {"rope_type": scaling, "factor": metadata_float(key("rope.scaling.factor", 1.0))}
     return model_config_from_dict(hf)
 
 

@@ -29,13 +29,22 @@ def gguf_config(model: GGUFModel) -> ModelConfig:
     router weights (every Qwen3-MoE release sets norm_topk_prob), so the file says nothing of it.
     A layer without a router (ffn_gate_inp) is a dense-MLP layer."""
     from freetoken.models.hf_config import model_config_from_dict
-    arch, key, need = model.architecture, model.key, model.require
+    arch, need = model.architecture, model.require
     if registry.from_gguf(arch) is None:
         raise GGUFError(f"{model.paths[0]}: architecture {arch!r}; FreeToken reads GGUF "
                         f"{registry.gguf_supported()} (more families: the HF checkpoint)")
-    heads, hidden, layers = int(need("attention.head_count")), int(need("embedding_length")), int(need("block_count"))
-    scaling = key("rope.scaling.type")
-    hf = {"architectures": [registry.from_gguf(arch)],
+    layers = int(need("block_count"))
+    hf = {**hf_config_keys(model, layers),
+          "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in model.tensors]}
+    return model_config_from_dict(hf)
+
+
+def hf_config_keys(model: GGUFModel, layers: int) -> dict:
+    """The config.json keys every family's GGUF metadata gives the same way (the families add theirs):
+    sizes, attention, rope, experts; top-k renormalised (llama.cpp always does)."""
+    key, need = model.key, model.require
+    heads, hidden = int(need("attention.head_count")), int(need("embedding_length"))
+    hf = {"architectures": [registry.from_gguf(model.architecture)],
           "vocab_size": len(need("tokenizer.ggml.tokens", of_architecture=False)),
           "hidden_size": hidden, "num_hidden_layers": layers,
           "num_attention_heads": heads, "num_key_value_heads": int(key("attention.head_count_kv", heads)),
@@ -47,11 +56,11 @@ def gguf_config(model: GGUFModel) -> ModelConfig:
           "num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
           "moe_intermediate_size": int(need("expert_feed_forward_length")),
           "intermediate_size": int(key("feed_forward_length", need("expert_feed_forward_length"))),
-          "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in model.tensors],
           "norm_topk_prob": True, "torch_dtype": "bfloat16" if model.bf16 else "float32"}
+    scaling = key("rope.scaling.type")
     if scaling and scaling != "none":
         hf["rope_scaling"] = {"rope_type": scaling, "factor": metadata_float(key("rope.scaling.factor", 1.0))}
-    return model_config_from_dict(hf)
+    return hf
 
 
 def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:

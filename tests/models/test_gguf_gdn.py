@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_hf_parity import teacher_forced_logits
+from test_gguf import matches_transformers
 
 from freetoken import LLM, SamplingParams
 from freetoken.kernels.qformats import dequantize_ref, is_quantized
@@ -39,18 +39,7 @@ def hf_config_of(name: str):
 
 
 def check(name: str, backend: str, **options) -> None:
-    exp = np.load(FILES[name])
-    llm = LLM(str(GGUF / f"{name}.gguf"), backend=backend, **{"moe_backend": "fused", **options})
-    try:
-        prompt, greedy = exp["prompt_ids"], exp["greedy_ids"]
-        logits = teacher_forced_logits(llm, np.concatenate([prompt, greedy[:-1]]))
-        np.testing.assert_allclose(logits[len(prompt) - 1:], exp["step_logits"], atol=2e-4, rtol=0)
-        if "prefill_logits" in exp:
-            np.testing.assert_allclose(logits[:len(prompt)], exp["prefill_logits"], atol=2e-4, rtol=0)
-        out = llm.generate([prompt.tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-        assert out.token_ids == greedy.tolist()
-    finally:
-        llm.core.close()
+    matches_transformers(GGUF / f"{name}.gguf", np.load(FILES[name]), backend, **options)
 
 
 @pytest.mark.parametrize("backend", ["ref", "cpu"])

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from freetoken import LLM, SamplingParams
+from freetoken import LLM
 from freetoken.models.weights import SafetensorsFile, WeightsError, save_safetensors
-from tests.models.test_hf_parity import teacher_forced_logits
+from tests.models.test_gguf import matches_transformers
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 HYBRIDS = ["qwen35moe_text", "qwen35moe_vl", "qwen3next"]
@@ -20,18 +20,7 @@ HYBRIDS = ["qwen35moe_text", "qwen35moe_vl", "qwen3next"]
 
 def check_fixture(name: str, backend: str, **options) -> None:
     d = FIXTURES / name / "fp32"
-    exp = np.load(d / "expected.npz")
-    llm = LLM(str(d), backend=backend, **{"moe_backend": "fused", **options})
-    try:
-        prompt, greedy = exp["prompt_ids"], exp["greedy_ids"]
-        logits = teacher_forced_logits(llm, np.concatenate([prompt, greedy[:-1]]))
-        P = len(prompt)
-        np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
-        np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
-        out = llm.generate([prompt.tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-        assert out.token_ids == greedy.tolist()
-    finally:
-        llm.core.close()
+    matches_transformers(d, np.load(d / "expected.npz"), backend, **options)
 
 
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
