@@ -36,6 +36,9 @@ def read_fp8(ck, name: str, shape: tuple[int, int], dtype: np.dtype, out: np.nda
                            f"{ck.stored_dtype(name)}, not F8_E4M3")
     if not is_fp8(ck, name):
         raise WeightsError(f"{ck.model_dir}: tensor {name!r} is F8_E4M3 but {name}_scale_inv is missing")
+    if len(shape) != 2:        # Qwen's releases convert linears only; a packed or conv tensor is not one
+        raise WeightsError(f"{ck.model_dir}: tensor {name!r} is F8_E4M3 of shape {tuple(shape)}; FreeToken reads "
+                           "block FP8 for 2-D linear weights only")
     M, K = shape
     codes = ck.get(name, shape)
     scales = to_f32(ck.get(name + "_scale_inv", (-(-M // BLOCK), -(-K // BLOCK))))

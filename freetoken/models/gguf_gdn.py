@@ -54,6 +54,8 @@ from freetoken.models.weights import ModelWeights, load_layers
 
 F32 = np.dtype(np.float32)
 QWEN3_NEXT = "qwen3next"      # the other family, qwen35moe, splits in_proj and tiles the value heads
+QWEN35_MOE = "qwen35moe"
+QWEN3_NEXT_LEGACY = "qwen3next (ssm_in)"   # not a GGUF name: the first converter's in_proj whole
 
 
 def gdn_gguf_config(model: GGUFModel) -> ModelConfig:
@@ -95,9 +97,10 @@ def _value_head_dim(model: GGUFModel, Hv: int) -> int:
 
 def gdn_gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
     """ModelWeights of the file (GdnLayerWeights layers), every tensor checked before any is read."""
-    layout = gdn_tensors(cfg, model.architecture)
+    arch = _variant(model)
+    layout = gdn_tensors(cfg, arch)
     check_tensors(model, layout)
-    read = _GdnReader(model, layout, _orders(cfg, model.architecture))
+    read = _GdnReader(model, layout, _orders(cfg, arch))
     widen_why = experts_stay_quantized(model, cfg)
     read.quantized_experts = not widen_why
     embed = read.kept("token_embd.weight")
@@ -107,6 +110,15 @@ def gdn_gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeigh
     if log is not None:
         _log(log, read, cfg, widen_why)
     return weights
+
+
+def _variant(model: GGUFModel) -> str:
+    """The architecture, or QWEN3_NEXT_LEGACY for a Qwen3-Next file of the converter's first
+    version: in_proj_qkvz whole as ssm_in (rows per key head [q | k | v | z], as the checkpoint
+    stores it), which llama.cpp still loads."""
+    if model.architecture == QWEN3_NEXT and any(n.endswith(".ssm_in.weight") for n in model.tensors):
+        return QWEN3_NEXT_LEGACY
+    return model.architecture
 
 
 def gdn_tensors(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
@@ -136,9 +148,11 @@ def _attention_tensors(cfg: ModelConfig, p: str) -> dict:
 def _gdn_tensors(cfg: ModelConfig, arch: str, p: str) -> dict:
     H, Hv, Dv, C, K = cfg.hidden_size, cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim, \
         cfg.linear_conv_kernel_dim
-    ba = {p + "ssm_ba.weight": (2 * Hv, H)} if arch == QWEN3_NEXT else \
+    ba = {p + "ssm_ba.weight": (2 * Hv, H)} if arch != QWEN35_MOE else \
         {p + "ssm_beta.weight": (Hv, H), p + "ssm_alpha.weight": (Hv, H)}
-    return {p + "attn_qkv.weight": (C, H), p + "attn_gate.weight": (Hv * Dv, H), **ba, p + "ssm_a": (Hv,),
+    qkvz = {p + "ssm_in.weight": (C + Hv * Dv, H)} if arch == QWEN3_NEXT_LEGACY else \
+        {p + "attn_qkv.weight": (C, H), p + "attn_gate.weight": (Hv * Dv, H)}
+    return {**qkvz, **ba, p + "ssm_a": (Hv,),
             p + "ssm_dt.bias": (Hv,), p + "ssm_conv1d.weight": (C, K), p + "ssm_norm.weight": (Dv,),
             p + "ssm_out.weight": (H, Hv * Dv)}
 
@@ -149,8 +163,12 @@ def _orders(cfg: ModelConfig, arch: str) -> dict[str, np.ndarray]:
     Hk, Hv, Dk, Dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
     r = Hv // Hk
-    if arch == QWEN3_NEXT:       # ssm_ba rows g*2r + s*r + j (s: 0 b, 1 a) -> s*Hv + g*r + j
-        return {"ba": np.arange(2 * Hv).reshape(Hk, 2, r).transpose(1, 0, 2).ravel()}
+    if arch in (QWEN3_NEXT, QWEN3_NEXT_LEGACY):   # ssm_ba rows g*2r + s*r + j (s: 0 b, 1 a) -> s*Hv + g*r + j
+        ba = np.arange(2 * Hv).reshape(Hk, 2, r).transpose(1, 0, 2).ravel()
+        grouped = np.arange(Hk * (2 * Dk + 2 * r * Dv)).reshape(Hk, -1)    # ssm_in: per key head q|k|v|z
+        cuts = np.cumsum([0, Dk, Dk, r * Dv, r * Dv])
+        qkvz = np.concatenate([grouped[:, a:b].ravel() for a, b in zip(cuts[:-1], cuts[1:])])
+        return {"ba": ba, "qkvz": qkvz}
     if r == 1:
         return {}
     heads = np.arange(Hv).reshape(r, Hk).T.ravel()     # value head g*r + j is stored at j*Hk + g
@@ -206,7 +224,9 @@ def _gdn(read: _GdnReader, cfg: ModelConfig, p: str) -> dict:
 def _in_proj(read: _GdnReader, p: str):
     """[q, k, v | z | b | a] rows: one array when the parts are all dense or all blocks of one
     format, else a tuple of parts (the linear op computes each into its columns)."""
-    if read.model.architecture == QWEN3_NEXT:
+    if p + "ssm_in.weight" in read.layout:                  # QWEN3_NEXT_LEGACY
+        parts = [read.gathered(p + "ssm_in.weight", "qkvz"), read.gathered(p + "ssm_ba.weight", "ba")]
+    elif read.model.architecture == QWEN3_NEXT:
         parts = [read.kept(p + "attn_qkv.weight"), read.kept(p + "attn_gate.weight"),
                  read.gathered(p + "ssm_ba.weight", "ba")]
     else:

@@ -110,9 +110,12 @@ def gdn_pair(request, tmp_path_factory):
 
 
 def _logits(path, **options):
+    """(weights, logits of PROMPT in one step, logits of its first 4 tokens): 32 tokens take the
+    BLAS paths on the CPU, 4 the block GEMVs decode uses."""
     llm = LLM(str(path), **{"backend": "cpu", **options})
     try:
-        return llm.core.weights, teacher_forced_logits(llm, np.array(PROMPT))
+        return (llm.core.weights, teacher_forced_logits(llm, np.array(PROMPT)),
+                teacher_forced_logits(llm, np.array(PROMPT[:4])))
     finally:
         llm.core.close()
 
@@ -122,20 +125,22 @@ def test_gdn_fp8_computes_what_its_dequantized_twin_computes(gdn_pair, backend):
     """Attention, GDN in_proj and out_proj, routed and shared experts in FP8 row blocks (the packed
     and the split in_proj re-ordered in blocks; its dense b/a rows a second part), the same
     logits as the dense twin holding the spec's values."""
-    (w, got), (_, want) = _logits(gdn_pair[0], backend=backend), _logits(gdn_pair[1], backend=backend)
+    (w, got, got4), (_, want, want4) = _logits(gdn_pair[0], backend=backend), _logits(gdn_pair[1], backend=backend)
     gdn, attn = w.layers[0], w.layers[1]
     fp8_part, dense_part = gdn.in_proj
     assert format_of(fp8_part).name == "fp8_b128" and dense_part.dtype == np.float32
     for a in (gdn.out_proj, attn.qkv, attn.o_proj, gdn.gate_up, gdn.down, gdn.shared_gate_up, gdn.shared_down):
         assert format_of(a).name == "fp8_b128"
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    for g, ref in ((got, want), (got4, want4)):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
 
 
 @pytest.mark.gpu
 def test_gdn_fp8_on_the_cuda_backend(gdn_pair):
-    _, want = _logits(gdn_pair[0])
-    _, got = _logits(gdn_pair[0], backend="cuda", moe_backend="offload", moe_cache_rate=0.5)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    _, want, want4 = _logits(gdn_pair[0])
+    _, got, got4 = _logits(gdn_pair[0], backend="cuda", moe_backend="offload", moe_cache_rate=0.5)
+    for g, ref in ((got, want), (got4, want4)):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
 
 
 def test_bad_checkpoints_are_one_clear_error(pair, tmp_path):

@@ -131,6 +131,34 @@ def test_a_missing_or_misshapen_tensor_is_named_before_anything_is_widened(chang
         gdn_gguf_weights(dataclasses.replace(model, tensors=change(model)), cfg)
 
 
+def test_a_legacy_qwen3next_file_with_ssm_in_reads_the_same_weights():
+    """The converter's first Qwen3-Next files keep in_proj_qkvz whole (ssm_in, rows per key head
+    [q | k | v | z]); llama.cpp still loads them: the same in_proj as the split file's. (F32: a
+    made-up tensor's values are read from memory; blocks are read from the file by offset, and the
+    row gather is the same for both.)"""
+    model = open_gguf(GGUF / "qwen3next-f32.gguf")
+    cfg = gdn_gguf_config(model)
+    Hk, Dk, Hv, Dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_num_value_heads, \
+        cfg.linear_value_head_dim
+    r = Hv // Hk
+    tensors = dict(model.tensors)
+    for i in (i for i in range(cfg.num_layers) if cfg.is_linear_layer(i)):
+        qkv, gate = tensors.pop(f"blk.{i}.attn_qkv.weight"), tensors.pop(f"blk.{i}.attn_gate.weight")
+        assert qkv.type_name == gate.type_name == "F32"
+        q, k, v = np.split(np.asarray(qkv.data), [Hk * Dk, 2 * Hk * Dk])            # [all q | all k | all v]
+        z = np.asarray(gate.data)
+        grouped = np.concatenate([np.concatenate([q[g * Dk:(g + 1) * Dk], k[g * Dk:(g + 1) * Dk],
+                                                  v[g * r * Dv:(g + 1) * r * Dv], z[g * r * Dv:(g + 1) * r * Dv]])
+                                  for g in range(Hk)])                              # per key head q|k|v|z
+        name = f"blk.{i}.ssm_in.weight"
+        tensors[name] = dataclasses.replace(qkv, name=name, shape=(grouped.shape[0], qkv.shape[1]), data=grouped)
+    legacy = dataclasses.replace(model, tensors=tensors)
+    got, want = gdn_gguf_weights(legacy, cfg), gdn_gguf_weights(model, cfg)
+    for lg, lw in zip(got.layers, want.layers):
+        if lw.in_proj is not None:
+            assert np.array_equal(lg.in_proj, lw.in_proj)
+
+
 def test_multi_token_prediction_blocks_are_left_out():
     """The converter (without --no-mtp) appends the MTP blocks: block_count counts them,
     nextn_predict_layers says how many, recurrent_layers lists them as not recurrent."""
