@@ -93,6 +93,17 @@ def dequant_fp8_row(row, out):
             out[b * BLOCK + i] = _value(row[b, 4 + i]) * s
 
 
+@njit(inline="always", **SERIAL)
+def _value_fast(q):
+    """_value without branches, for the dots: the code's 7 low bits placed at fp32's exponent and
+    mantissa (e4m3's exponent 0 lands on fp32's subnormals, e > 0 on normals) times 2^120, which
+    re-biases both exactly (m * 2^-9 and (1 + m/8) * 2^(e-7)); the sign bit moved to bit 31; NaN
+    codes selected apart."""
+    q = np.uint32(q)
+    v = from_bits((q & np.uint32(0x80)) << np.uint32(24) | (q & np.uint32(0x7F)) << np.uint32(20))
+    return np.float32(np.nan) if (q & np.uint32(0x7F)) == np.uint32(0x7F) else v * np.float32(2.0 ** 120)
+
+
 @njit(**SERIAL)
 def dot_fp8_row(row, xv):
     """sum(dequant(row) * x), xv f32[NB,128]; the scale applied once per block."""
@@ -100,6 +111,6 @@ def dot_fp8_row(row, xv):
     for b in range(row.shape[0]):
         t = np.float32(0.0)
         for i in range(BLOCK):
-            t += _value(row[b, 4 + i]) * xv[b, i]
+            t += _value_fast(row[b, 4 + i]) * xv[b, i]
         acc += t * _scale(row, b)
     return acc

@@ -46,3 +46,18 @@ def test_numba_rows_match_the_spec():
     np.testing.assert_allclose(dots, dequantize_fp8(ok) @ x, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="does not match"):
         qblocks.dot_row(ok[0], format_named("q8_0").code, x)
+
+
+def test_the_dots_decode_every_code_exactly():
+    """dot_row's branch-free e4m3 decode: a row of one code, scale 1, x = (1, 0, ...): that code's
+    value as the table has it (a NaN code NaN)."""
+    from freetoken.kernels.qblocks import dot_row
+    from freetoken.kernels.qfp8 import e4m3_table
+    table = e4m3_table()
+    x = np.zeros(256, np.float32)
+    x[0] = 1.0
+    for c in range(256):
+        row = np.full((2, 132), c, np.uint8)
+        row[:, :4] = np.float32(1.0).reshape(1).view(np.uint8)
+        got = dot_row(row, 10, x)
+        assert (np.isnan(got) and np.isnan(table[c])) or got == table[c], (c, got, table[c])
