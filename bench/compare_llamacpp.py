@@ -44,6 +44,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -104,11 +105,15 @@ def prepare_model(args, cache: Path) -> tuple[Path, Path]:
     where = cache / ("synth-" + re.sub(r"[^A-Za-z0-9.=-]+", "_", spec))
     hf = where / "hf"
     if not (hf / "config.json").is_file():
-        from freetoken.models.synth_export import export_synth
         print(f"# writing synth:{spec} to {hf}", flush=True)
         where.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=where) as tmp:
-            export_synth(spec, Path(tmp) / "hf").rename(hf)     # in place whole, or not at all
+            # in a process of its own: a child inherits its parent's peak RSS at fork (Linux keeps
+            # the old mm's high-water mark across exec), so a bench that held the weights would
+            # report their size as every later run's peak RSS
+            subprocess.run([sys.executable, "-m", "freetoken", "demo-model", str(Path(tmp) / "hf"), "--synth", spec],
+                           check=True)
+            (Path(tmp) / "hf").rename(hf)                       # in place whole, or not at all
     return hf, where
 
 
