@@ -42,16 +42,38 @@ def stacked_blocks(tensors: list):
     return out
 
 
+def gate_up_names(model: GGUFModel, p: str) -> list[str]:
+    """The tensors of a layer's gate and up experts: one ffn_gate_up_exps [E, 2I, H] (the
+    converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, FreeToken's bank
+    layout) or ffn_gate_exps and ffn_up_exps [E, I, H]."""
+    fused = f"{p}ffn_gate_up_exps.weight"
+    return [fused] if fused in model.tensors else [f"{p}ffn_gate_exps.weight", f"{p}ffn_up_exps.weight"]
+
+
+def gate_up_layout(model: GGUFModel, p: str, E: int, I: int, H: int) -> dict:
+    """{name: shape} of gate_up_names."""
+    names = gate_up_names(model, p)
+    return {n: (E, 2 * I // len(names), H) for n in names}
+
+
+def expert_names(model: GGUFModel, i: int) -> list[str]:
+    """Every expert tensor of MoE layer i."""
+    return gate_up_names(model, f"blk.{i}.") + [f"blk.{i}.ffn_down_exps.weight"]
+
+
 def quantized_banks(model: GGUFModel, p: str, E: int, I: int) -> tuple[np.ndarray, np.ndarray]:
     """A layer's experts in the file's blocks (kernels/qblocks.py), read from the file straight
     into their arrays (no pass through the memory map, so no page-cache copy counts as ours):
     gate_up uint8[E, 2I, H/V, B] (each expert's gate rows, then its up rows), down [E, H, I/V, B]."""
     from freetoken.models.safetensors_io import read_spans
-    gate, up, down = (model.tensors[f"{p}ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
-    gate_up, dn = np.empty((E, 2 * I) + _blocks(gate), np.uint8), np.empty(down.shape[:2] + _blocks(down), np.uint8)
-    per_expert = gate_up[0, :I].nbytes
+    parts, down = [model.tensors[n] for n in gate_up_names(model, p)], model.tensors[f"{p}ffn_down_exps.weight"]
+    gate_up, dn = np.empty((E, 2 * I) + _blocks(parts[0]), np.uint8), np.empty(down.shape[:2] + _blocks(down), np.uint8)
     read_spans(down.file, [(down.offset, dn)])
-    for t, rows in ((gate, slice(0, I)), (up, slice(I, 2 * I))):
+    if len(parts) == 1:                          # fused: the bank as stored
+        read_spans(parts[0].file, [(parts[0].offset, gate_up)])
+        return gate_up, dn
+    per_expert = gate_up[0, :I].nbytes
+    for t, rows in zip(parts, (slice(0, I), slice(I, 2 * I))):
         read_spans(t.file, [(t.offset + e * per_expert, gate_up[e, rows]) for e in range(E)])
     return gate_up, dn
 
@@ -67,9 +89,10 @@ def experts_stay_quantized(model: GGUFModel, cfg: ModelConfig) -> str:
     every expert tensor is of a block format the kernels read (kernels/qblocks.py) and each
     layer's gate and up share one (they are stacked into one bank)."""
     for i in cfg.moe_layers:
-        gate, up, down = (model.tensors[f"blk.{i}.ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
-        if None in {block_format(t) for t in (gate, up, down)}:
-            return f"layer {i}'s experts are {gate.type_name}/{up.type_name}/{down.type_name}, not all block formats"
-        if gate.type_name != up.type_name:
-            return f"layer {i}'s gate experts are {gate.type_name} and its up experts {up.type_name}"
+        tensors = [model.tensors[n] for n in expert_names(model, i)]
+        types = "/".join(t.type_name for t in tensors)
+        if None in {block_format(t) for t in tensors}:
+            return f"layer {i}'s experts are {types}, not all block formats"
+        if len({t.type_name for t in tensors[:-1]}) > 1:
+            return f"layer {i}'s gate and up experts are {types} (gate, up, down): not one format"
     return ""

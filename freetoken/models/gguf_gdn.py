@@ -46,10 +46,11 @@ import numpy as np
 
 from freetoken.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from freetoken.models.gdn_weights import GdnLayerWeights
-from freetoken.models.gguf_blocks import block_format, experts_stay_quantized, quantized_banks, stacked_blocks
+from freetoken.models.gguf_blocks import (block_format, expert_names, experts_stay_quantized, gate_up_layout,
+                                         gate_up_names, quantized_banks, stacked_blocks)
 from freetoken.models.gguf_file import GGUFError, GGUFModel
-from freetoken.models.gguf_weights import (TensorReader, check_tensors, expert_names, expert_types, hf_config_keys,
-                                           size_text, stacked_qkv, stacked_widened)
+from freetoken.models.gguf_weights import (TensorReader, check_tensors, expert_types, hf_config_keys, qkv_layout,
+                                           qkv_names, size_text, stacked_qkv, stacked_widened)
 from freetoken.models.weights import ModelWeights, load_layers
 
 F32 = np.dtype(np.float32)
@@ -98,7 +99,7 @@ def _value_head_dim(model: GGUFModel, Hv: int) -> int:
 def gdn_gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
     """ModelWeights of the file (GdnLayerWeights layers), every tensor checked before any is read."""
     arch = _variant(model)
-    layout = gdn_tensors(cfg, arch)
+    layout = gdn_tensors(cfg, arch, model)
     check_tensors(model, layout)
     read = _GdnReader(model, layout, _orders(cfg, arch))
     widen_why = experts_stay_quantized(model, cfg)
@@ -121,7 +122,7 @@ def _variant(model: GGUFModel) -> str:
     return model.architecture
 
 
-def gdn_tensors(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
+def gdn_tensors(cfg: ModelConfig, arch: str, model: GGUFModel) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads, by llama.cpp's name, with its shape (numpy order)."""
     V, H, E, I, Is = cfg.vocab_size, cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, \
         cfg.shared_expert_intermediate_size
@@ -130,19 +131,17 @@ def gdn_tensors(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
         out |= {p + "attn_norm.weight": (H,), p + "post_attention_norm.weight": (H,), p + "ffn_gate_inp.weight": (E, H),
-                p + "ffn_gate_exps.weight": (E, I, H), p + "ffn_up_exps.weight": (E, I, H),
-                p + "ffn_down_exps.weight": (E, H, I)}
+                **gate_up_layout(model, p, E, I, H), p + "ffn_down_exps.weight": (E, H, I)}
         if Is:
             out |= {p + "ffn_gate_shexp.weight": (Is, H), p + "ffn_up_shexp.weight": (Is, H),
                     p + "ffn_down_shexp.weight": (H, Is), p + "ffn_gate_inp_shexp.weight": (1, H)}
-        out |= _gdn_tensors(cfg, arch, p) if cfg.is_linear_layer(i) else _attention_tensors(cfg, p)
+        out |= _gdn_tensors(cfg, arch, p) if cfg.is_linear_layer(i) else _attention_tensors(cfg, p, model)
     return out
 
 
-def _attention_tensors(cfg: ModelConfig, p: str) -> dict:
+def _attention_tensors(cfg: ModelConfig, p: str, model: GGUFModel) -> dict:
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    return {p + "attn_q.weight": (2 * Hq * D, H), p + "attn_k.weight": (G * D, H), p + "attn_v.weight": (G * D, H),
-            p + "attn_output.weight": (H, Hq * D), p + "attn_q_norm.weight": (D,), p + "attn_k_norm.weight": (D,)}
+    return {**qkv_layout(model, p, (2 * Hq * D, G * D, G * D), H), p + "attn_output.weight": (H, Hq * D), p + "attn_q_norm.weight": (D,), p + "attn_k_norm.weight": (D,)}
 
 
 def _gdn_tensors(cfg: ModelConfig, arch: str, p: str) -> dict:
@@ -205,7 +204,8 @@ def _layer(read: _GdnReader, cfg: ModelConfig, i: int) -> GdnLayerWeights:
 
 def _attention(read: _GdnReader, cfg: ModelConfig, p: str) -> dict:
     H, D, Hq, G = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    qkv = stacked_qkv(read, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], ((2 * Hq + 2 * G) * D, H))
+    names = qkv_names(read.model, p, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+    qkv = stacked_qkv(read, names, ((2 * Hq + 2 * G) * D, H))
     return dict(qkv=qkv, o_proj=read.kept(p + "attn_output.weight"), q_norm=read.f32(p + "attn_q_norm.weight"),
                 k_norm=read.f32(p + "attn_k_norm.weight"))
 
@@ -255,7 +255,7 @@ def _mlp(read: _GdnReader, cfg: ModelConfig, p: str) -> dict:
     if read.quantized_experts:
         gate_up, down = read.counted(quantized_banks(read.model, p, E, I))
     else:
-        gate_up = stacked_widened(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
+        gate_up = stacked_widened(read, gate_up_names(read.model, p), (E, 2 * I, H), 1)
         down = read(p + "ffn_down_exps.weight")
     shared = _shared_expert(read, cfg, p) if cfg.shared_expert_intermediate_size else {}
     return dict(router=read(p + "ffn_gate_inp.weight"), gate_up=gate_up, down=down, **shared)
@@ -284,7 +284,8 @@ def _log(log, read: _GdnReader, cfg: ModelConfig, widen_why: str) -> None:
     dtype = "bf16" if read.dtype == np.uint16 else "f32"
     log.info("GGUF experts %s", f"({types}) loaded as {dtype}: {widen_why}" if widen_why
              else f"kept in the file's blocks ({types})")
-    kept = read.blocks_of | ({n for i in cfg.moe_layers for n in expert_names(i)} if read.quantized_experts else set())
+    kept = read.blocks_of | ({n for i in cfg.moe_layers for n in expert_names(model, i)} if read.quantized_experts
+                             else set())
     widened = {model.tensors[n].type_name for n in read.layout if n not in kept} - {"F32", "BF16"}
     skipped = len(model.tensors) - len(read.layout)
     log.info("GGUF: %d tensors kept in their blocks, %s widened to %s at load: %s in memory%s", len(kept),

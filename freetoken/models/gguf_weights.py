@@ -18,8 +18,8 @@ import numpy as np
 
 from freetoken.config import ModelConfig
 from freetoken.models import registry
-from freetoken.models.gguf_blocks import (block_format, experts_stay_quantized, quantized_banks, read_blocks,
-                                         stacked_blocks)
+from freetoken.models.gguf_blocks import (block_format, expert_names, experts_stay_quantized, gate_up_layout,
+                                         gate_up_names, quantized_banks, read_blocks, stacked_blocks)
 from freetoken.models.gguf_file import GGUFError, GGUFModel
 from freetoken.models.weights import LayerWeights, ModelWeights, load_layers, row_slices
 
@@ -65,7 +65,7 @@ def hf_config_keys(model: GGUFModel, layers: int) -> dict:
 
 def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
     """ModelWeights of the file, every tensor widened to the model dtype (gguf_config's torch_dtype)."""
-    layout = expected_tensors(cfg)
+    layout = expected_tensors(cfg, model)
     check_tensors(model, layout)
     read = TensorReader(model, np.dtype(np.uint16) if model.bf16 else np.dtype(np.float32), layout)
     widen_why = experts_stay_quantized(model, cfg) if cfg.moe_layers else "no MoE layers"
@@ -77,7 +77,8 @@ def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
     embed = read.kept("token_embd.weight")
     lm_head = embed if cfg.tie_word_embeddings else read.kept("output.weight")
     layers = load_layers(lambda i: _layer(read, cfg, i), cfg.num_layers)
-    kept = read.blocks_of | ({n for i in cfg.moe_layers for n in expert_names(i)} if read.quantized_experts else set())
+    kept = read.blocks_of | ({n for i in cfg.moe_layers for n in expert_names(model, i)} if read.quantized_experts
+                             else set())
     widened = {t.type_name for n, t in model.tensors.items() if n not in kept} - {"F32", "BF16"}
     if log is not None:
         log.info("GGUF: %d tensors kept in their blocks, %s widened to %s at load: %s in memory for a %s file",
@@ -86,15 +87,18 @@ def gguf_weights(model: GGUFModel, cfg: ModelConfig, log=None) -> ModelWeights:
     return ModelWeights(embed=embed, final_norm=read("output_norm.weight"), lm_head=lm_head, layers=layers)
 
 
-def expert_names(i: int) -> tuple[str, ...]:
-    return tuple(f"blk.{i}.ffn_{n}_exps.weight" for n in ("gate", "up", "down"))
-
-
 def expert_types(model: GGUFModel, cfg: ModelConfig) -> set[str]:
-    return {model.tensors[n].type_name for i in cfg.moe_layers for n in expert_names(i)}
+    return {model.tensors[n].type_name for i in cfg.moe_layers for n in expert_names(model, i)}
 
 
-def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def qkv_names(model: GGUFModel, p: str, split: list[str]) -> list[str]:
+    """An attention layer's q, k, v tensors: one attn_qkv (the converter's --fuse-qkv: q, k, v
+    rows stacked, FreeToken's own layout) or the three."""
+    fused = f"{p}attn_qkv.weight"
+    return [fused] if fused in model.tensors else split
+
+
+def expected_tensors(cfg: ModelConfig, model: GGUFModel) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads, by llama.cpp's name, with its shape (numpy order)."""
     V, H, D, Hq, G = cfg.vocab_size, cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     out = {"token_embd.weight": (V, H), "output_norm.weight": (H,)}
@@ -102,18 +106,24 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out["output.weight"] = (V, H)
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
-        out.update({p + "attn_norm.weight": (H,), p + "ffn_norm.weight": (H,), p + "attn_q.weight": (Hq * D, H),
-                    p + "attn_k.weight": (G * D, H), p + "attn_v.weight": (G * D, H),
+        out.update(qkv_layout(model, p, (Hq * D, G * D, G * D), H))
+        out.update({p + "attn_norm.weight": (H,), p + "ffn_norm.weight": (H,),
                     p + "attn_output.weight": (H, Hq * D), p + "attn_q_norm.weight": (D,),
                     p + "attn_k_norm.weight": (D,)})
         if cfg.is_moe_layer(i):
             E, I = cfg.num_experts, cfg.moe_intermediate_size
-            out.update({p + "ffn_gate_inp.weight": (E, H), p + "ffn_gate_exps.weight": (E, I, H),
-                        p + "ffn_up_exps.weight": (E, I, H), p + "ffn_down_exps.weight": (E, H, I)})
+            out.update({p + "ffn_gate_inp.weight": (E, H), **gate_up_layout(model, p, E, I, H),
+                        p + "ffn_down_exps.weight": (E, H, I)})
         else:
             I = cfg.intermediate_size
             out.update({p + "ffn_gate.weight": (I, H), p + "ffn_up.weight": (I, H), p + "ffn_down.weight": (H, I)})
     return out
+
+
+def qkv_layout(model: GGUFModel, p: str, rows: tuple[int, int, int], H: int) -> dict:
+    """{name: shape} of an attention layer's q, k, v (qkv_names) of `rows` rows each."""
+    names = qkv_names(model, p, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+    return {names[0]: (sum(rows), H)} if len(names) == 1 else {n: (r, H) for n, r in zip(names, rows)}
 
 
 def check_tensors(model: GGUFModel, layout: dict) -> None:
@@ -175,14 +185,15 @@ class TensorReader:
 def _layer(read: TensorReader, cfg: ModelConfig, i: int) -> LayerWeights:
     """One layer; the stacked arrays (qkv, gate_up) are filled in place, not concatenated."""
     p, H, D, Hq, G = f"blk.{i}.", cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    qkv = stacked_qkv(read, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], ((Hq + 2 * G) * D, H))
+    qkv = stacked_qkv(read, qkv_names(read.model, p, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]),
+                      ((Hq + 2 * G) * D, H))
     if cfg.is_moe_layer(i):
         E, I = cfg.num_experts, cfg.moe_intermediate_size
         router = read(p + "ffn_gate_inp.weight")
         if read.quantized_experts:
             gate_up, down = read.counted(quantized_banks(read.model, p, E, I))
         else:
-            gate_up = stacked_widened(read, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], (E, 2 * I, H), 1)
+            gate_up = stacked_widened(read, gate_up_names(read.model, p), (E, 2 * I, H), 1)
             down = read(p + "ffn_down_exps.weight")
     else:
         I = cfg.intermediate_size

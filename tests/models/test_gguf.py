@@ -69,6 +69,33 @@ def matches_transformers(path: Path, exp, backend: str, **options) -> None:
         llm.core.close()
 
 
+def test_a_fused_qkv_file_is_the_same_model():
+    """The converter's --fuse-qkv writes attn_qkv (q, k, v rows stacked: FreeToken's own layout) in
+    the same Q8_0 blocks: the unfused file's transformers expectation holds."""
+    matches_transformers(gguf("q8_0-fused"), np.load(GGUF / "qwen3moe_norm-q8_0.expected.npz"), "cpu")
+
+
+def test_fused_gate_up_experts_are_read_as_one_bank(tmp_path):
+    """ffn_gate_up_exps (--fuse-gate-up-exps; the GDN families' converter writes it) in blocks: the
+    bank read in one piece equals the one stacked from ffn_gate_exps and ffn_up_exps."""
+    import gguf as g
+
+    from freetoken.models.gguf_blocks import quantized_banks
+    model = open_gguf(gguf("q8_0"))
+    gate, up, down = (model.tensors[f"blk.0.ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    E, I, H = gate.shape
+    path = tmp_path / "fused.gguf"
+    w = g.GGUFWriter(str(path), "qwen3moe")
+    fused = np.concatenate([np.asarray(gate.data), np.asarray(up.data)], axis=1)      # [E, 2I, row bytes]
+    w.add_tensor("blk.0.ffn_gate_up_exps.weight", fused, raw_shape=fused.shape, raw_dtype=g.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.ffn_down_exps.weight", np.asarray(down.data), raw_shape=down.data.shape,
+                 raw_dtype=g.GGMLQuantizationType.Q8_0)
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()
+    got, want = quantized_banks(open_gguf(path), "blk.0.", E, I), quantized_banks(model, "blk.0.", E, I)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
 def test_bf16_file_matches_transformers(backend):
     exp = np.load(HF / "bf16" / "expected.npz")

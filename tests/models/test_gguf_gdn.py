@@ -48,6 +48,12 @@ def test_logits_and_greedy_tokens_are_transformers(name, backend):
     check(name, backend)
 
 
+def test_a_fused_file_is_the_same_model():
+    """--fuse-qkv (the attention layers' attn_qkv) and --fuse-gate-up-exps (ffn_gate_up_exps
+    [E, 2I, H], FreeToken's bank layout) hold the same blocks as the unfused Q8_0 file."""
+    matches_transformers(GGUF / "qwen35moe-q8_0-fused.gguf", np.load(FILES["qwen35moe-q8_0"]), "cpu")
+
+
 def test_every_moe_backend_on_a_gguf_hybrid():
     check("qwen3next-q8_0", "cpu", chunked_prefill_size=7, moe_backend="hybrid", moe_cache_rate=0.5,
           moe_fetch_fraction=0.3)
