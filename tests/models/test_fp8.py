@@ -29,7 +29,7 @@ PROMPT = list(range(5, 37))
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3moe_fp8"
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("backend", ["ref", "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("scales", ["bf16_scales", "f32_scales"])
 def test_fp8_checkpoints_match_transformers(scales, backend):
     matches_transformers(FIXTURES / scales, np.load(FIXTURES / scales / "expected.npz"), backend)
@@ -98,8 +98,11 @@ def test_bf16_scales_and_a_k_that_is_not_a_multiple_of_128(tmp_path):
 
 
 @pytest.mark.gpu
-def test_the_cuda_backend_gives_the_cpu_tokens(pair):
-    assert greedy(pair[0], backend="cuda", moe_backend="hybrid", moe_cache_rate=0.5) == greedy(pair[0])
+@pytest.mark.parametrize("moe", [dict(moe_backend="fused"), dict(moe_backend="cpu"),
+                                 dict(moe_backend="offload", moe_cache_rate=0.5),
+                                 dict(moe_backend="hybrid", moe_cache_rate=0.5)], ids=lambda o: o["moe_backend"])
+def test_the_cuda_backend_gives_the_cpu_tokens(pair, moe):
+    assert greedy(pair[0], backend="cuda", **moe) == greedy(pair[0])
 
 
 # --- the GDN families (Qwen3.5/3.6-MoE, Qwen3-Next) ----------------------------------------------

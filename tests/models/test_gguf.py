@@ -96,10 +96,13 @@ def test_fused_gate_up_experts_are_read_as_one_bank(tmp_path):
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("backend", ["ref", "cpu",
+                                     pytest.param("cuda", marks=pytest.mark.gpu),
+                                     pytest.param("cuda-hybrid", marks=pytest.mark.gpu)])
 def test_bf16_file_matches_transformers(backend):
     exp = np.load(HF / "bf16" / "expected.npz")
-    llm, logits = logits_of(gguf("bf16"), exp, backend)
+    options = dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3) if backend == "cuda-hybrid" else {}
+    llm, logits = logits_of(gguf("bf16"), exp, backend.removesuffix("-hybrid"), **options)
     llm.core.close()
     logits = logits[len(exp["prompt_ids"]) - 1:]
     np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
@@ -329,8 +332,7 @@ def served_name_after_two_sdk_answers(model: Path) -> str:
 MOE = {"fused": dict(moe_backend="fused"), "cpu": dict(moe_backend="cpu"),
        "offload": dict(moe_backend="offload", moe_cache_rate=0.5),
        "hybrid": dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3)}
-CUDA_CASES = [("q8_0", "fused"), ("q8_0", "hybrid"), ("q4_k_m", "fused"), ("q4_k_m", "cpu"),
-              ("q4_k_m", "offload"), ("q4_k_m", "hybrid"), ("q6_k", "offload")]
+CUDA_CASES = [(kind, moe) for kind in ("q8_0", "q4_k_m", "q6_k") for moe in MOE]
 
 
 @pytest.mark.gpu
