@@ -20,12 +20,12 @@ from datetime import datetime
 
 import numpy as np
 
+from freetoken.kernels.qformats import FORMATS
 from freetoken.log import logger
 from freetoken.cupy_loader import cupy as load_cupy
 
 WARMUP = 8
-EXPERT_FORMATS = ("bf16", "f32", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
-                  "q5_k", "q6_k", "fp8_b128")   # kernels/qformats.py's names after the dense two
+EXPERT_FORMATS = ("bf16", "f32") + tuple(f.name for f in FORMATS)   # the dense two, then kernels/qformats.py's
 
 
 def register(sub) -> None:

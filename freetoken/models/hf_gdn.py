@@ -24,8 +24,8 @@ import numpy as np
 from freetoken.config import ModelConfig
 from freetoken.models.fp8_weights import fp8_stacked, is_fp8, keeps_blocks
 from freetoken.models.gdn_weights import GdnLayerWeights
-from freetoken.models.weights import (Checkpoint, ModelWeights, dense_banks, expert_banks, load_layers, read_tensor,
-                                      row_slices)
+from freetoken.models.weights import (Checkpoint, ModelWeights, dense_banks, expert_banks, load_layers, read_stacked,
+                                      read_tensor)
 
 F32 = np.dtype(np.float32)
 
@@ -82,15 +82,8 @@ def _stacked(ck: Checkpoint, names: list[str], shapes: list[tuple[int, int]], dt
         return fp8_stacked(ck, names, shapes)
     k = fp8.index(False)
     if any(fp8) and not any(fp8[k:]):            # an FP8 run, then the rest dense: two parts
-        return (fp8_stacked(ck, names[:k], shapes[:k]), _dense_stack(ck, names[k:], shapes[k:], dtype))
-    return _dense_stack(ck, names, shapes, dtype)
-
-
-def _dense_stack(ck: Checkpoint, names: list[str], shapes: list[tuple[int, int]], dtype) -> np.ndarray:
-    out = np.empty((sum(s[0] for s in shapes), shapes[0][1]), dtype)
-    for rows, name, shape in zip(row_slices(*(s[0] for s in shapes)), names, shapes):
-        read_tensor(ck, name, shape, dtype, out=out[rows])     # an FP8 part is widened by the spec
-    return out
+        return (fp8_stacked(ck, names[:k], shapes[:k]), read_stacked(ck, names[k:], shapes[k:], dtype))
+    return read_stacked(ck, names, shapes, dtype)
 
 
 def _split_in_proj(ck: Checkpoint, cfg: ModelConfig, q: str, dtype):
@@ -140,4 +133,4 @@ def _shared_expert(ck: Checkpoint, s: str, H: int, Is: int, dtype) -> tuple:
     names, shapes = [f"{s}{n}_proj.weight" for n in ("gate", "up", "down")], [(Is, H), (Is, H), (H, Is)]
     if all(is_fp8(ck, n) and keeps_blocks(sh) for n, sh in zip(names, shapes)):
         return fp8_stacked(ck, names[:2], shapes[:2])[None], fp8_stacked(ck, names[2:], shapes[2:])[None]
-    return _dense_stack(ck, names[:2], shapes[:2], dtype)[None], _dense_stack(ck, names[2:], shapes[2:], dtype)[None]
+    return read_stacked(ck, names[:2], shapes[:2], dtype)[None], read_stacked(ck, names[2:], shapes[2:], dtype)[None]

@@ -59,7 +59,9 @@ def quantize_experts(weights, moe_layers, fmt: str, log):
 
 def _blocked(shape: tuple[int, int], fmt: str) -> tuple[int, int, int]:
     """[R, K] -> [R, K/V, B] of fmt; K must be a multiple of V (a clear error otherwise)."""
-    values, nbytes = {"fp8": (128, 132), "q4_k": (256, 144)}.get(fmt, (32, 34))
+    from freetoken.kernels.qformats import format_named
+    block = format_named("fp8_b128" if fmt == "fp8" else fmt)
+    values, nbytes = block.values, block.nbytes
     rows, k = shape
     if k % values:
         from freetoken.config import ConfigError

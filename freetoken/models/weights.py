@@ -100,9 +100,7 @@ def _load_layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype: np.dtype) -> La
     shapes = [(Hq * D, H), (G * D, H), (G * D, H)]
     qkv = fp8_stacked(ck, names, shapes)          # FP8 row blocks, or None: [(Hq+2G)*D, H]
     if qkv is None:
-        qkv = np.empty(((Hq + 2 * G) * D, H), dtype)
-        for rows, name, shape in zip(row_slices(Hq * D, G * D, G * D), names, shapes):
-            read_tensor(ck, name, shape, dtype, out=qkv[rows])
+        qkv = read_stacked(ck, names, shapes, dtype)
     if cfg.is_moe_layer(i):
         router = read_tensor(ck, f"{p}mlp.gate.weight", (cfg.num_experts, H), dtype)
         gate_up, down = expert_banks(ck, cfg, p, dtype)
@@ -117,6 +115,15 @@ def _load_layer(ck: Checkpoint, cfg: ModelConfig, i: int, dtype: np.dtype) -> La
         q_norm=read_tensor(ck, f"{p}self_attn.q_norm.weight", (D,), dtype),
         k_norm=read_tensor(ck, f"{p}self_attn.k_norm.weight", (D,), dtype),
         router=router, gate_up=gate_up, down=down)
+
+
+def read_stacked(ck: Checkpoint, names: list[str], shapes: list[tuple[int, int]], dtype: np.dtype) -> np.ndarray:
+    """Linears stacked along their rows in one dense array of the model dtype, each read into its
+    rows (an FP8 one widened by the spec)."""
+    out = np.empty((sum(s[0] for s in shapes), shapes[0][1]), dtype)
+    for rows, name, shape in zip(row_slices(*(s[0] for s in shapes)), names, shapes):
+        read_tensor(ck, name, shape, dtype, out=out[rows])
+    return out
 
 
 def row_slices(*sizes: int) -> list[slice]:
@@ -152,9 +159,6 @@ def dense_banks(ck: Checkpoint, cfg: ModelConfig, p: str,
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """A dense-MLP layer as a one-expert bank: gate_up [1, 2I, H], down [1, H, I]."""
     I, H = cfg.intermediate_size, cfg.hidden_size
-    gate_up = np.empty((1, 2 * I, H), dtype)
-    read_tensor(ck, f"{p}mlp.gate_proj.weight", (I, H), dtype, out=gate_up[0, :I])
-    read_tensor(ck, f"{p}mlp.up_proj.weight", (I, H), dtype, out=gate_up[0, I:])
-    down = np.empty((1, H, I), dtype)          # read into a dense array like gate_up: an FP8 one widened
-    read_tensor(ck, f"{p}mlp.down_proj.weight", (H, I), dtype, out=down[0])
-    return gate_up, down
+    gate_up = read_stacked(ck, [f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"], [(I, H), (I, H)], dtype)
+    down = read_stacked(ck, [f"{p}mlp.down_proj.weight"], [(H, I)], dtype)   # dense like gate_up: FP8 widened
+    return gate_up[None], down[None]
