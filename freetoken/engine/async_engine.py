@@ -59,9 +59,13 @@ class RequestStream:
 
     async def next(self, timeout: float | None = None) -> Output | None:
         """The next Output, or None when `timeout` seconds pass without one."""
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result instead of
+        # raising when a cancel lands just as an output arrives, and a disconnected client's
+        # request would then run to its end.
         try:
-            out = await asyncio.wait_for(self._queue.get(), timeout) if timeout else await self._queue.get()
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                out = await self._queue.get()
+        except TimeoutError:
             return None
         self.finished = self.finished or out.finished
         return out
@@ -160,7 +164,8 @@ class AsyncEngine:
         self.require_ready()
         future = asyncio.get_running_loop().create_future()
         self._commands.put(_Call(fn, future))
-        return await asyncio.wait_for(future, timeout)
+        async with asyncio.timeout(timeout):        # cancel-safe on 3.11, unlike wait_for (see next())
+            return await future
 
     async def rebuild_cache(self, **sizes) -> dict:
         """Resize the expert cache / KV pool at a safe point; EngineBusy while requests exist."""

@@ -9,7 +9,7 @@ import pytest
 from fake_core import FakeCore
 from server_helpers import MODEL, ServerThread, wait_idle
 
-from freetoken.engine.async_engine import AsyncEngine, EngineNotReady
+from freetoken.engine.async_engine import AsyncEngine, EngineNotReady, Output, RequestStream
 from freetoken.engine.request import SamplingParams
 
 
@@ -26,6 +26,25 @@ async def drain(stream):
     while not (outs and outs[-1].finished):
         outs.append(await stream.next(10))
     return outs
+
+
+@pytest.mark.parametrize("turns", range(6))
+def test_a_cancel_that_lands_as_an_output_arrives_still_cancels(turns):
+    """A client that disconnects just as a token arrives: the read must end cancelled (on Python
+    3.11 asyncio.wait_for would return the output and the request would run to its end)."""
+    async def race():
+        stream = RequestStream(None, "r", 1)
+        reader = asyncio.ensure_future(stream.next(30))
+        await asyncio.sleep(0)                    # the reader now waits on the queue
+        stream._queue.put_nowait(Output("r", "x", (1,), False))
+        for _ in range(turns):                    # each count stops the reader at a different point
+            await asyncio.sleep(0)
+        if not reader.cancel():
+            return "finished first"
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        return "cancelled"
+    assert run(race()) in ("finished first", "cancelled")
 
 
 def test_submit_stream_and_idle(demo_tokenizer):
