@@ -3,6 +3,7 @@ and the /metrics histograms (valid Prometheus text)."""
 import logging
 import math
 import re
+import time
 
 import anthropic
 import httpx
@@ -22,8 +23,15 @@ def chat(url: str, text: str, **fields) -> httpx.Response:
                       json={"model": MODEL, "messages": [{"role": "user", "content": text}], **fields})
 
 
-def access_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "freetoken.access"]
+def access_lines(caplog, want: int = 0) -> list[str]:
+    """The access-log lines so far; with `want`, waits up to 5 s for that many (a line is written
+    after the response's last byte, so the client can hold its answer before the server logs it)."""
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [r.getMessage() for r in caplog.records if r.name == "freetoken.access"]
+        if len(lines) >= want or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
 
 
 def test_access_log_has_one_line_per_request(fake_server, caplog):
@@ -31,7 +39,7 @@ def test_access_log_has_one_line_per_request(fake_server, caplog):
     usage = chat(fake_server.url, "SAY:one two three").json()["usage"]
     assert chat(fake_server.url, "SAY:x", model="nope").status_code == 404
     assert httpx.get(fake_server.url + "/health").status_code == 200
-    lines = access_lines(caplog)
+    lines = access_lines(caplog, want=3)
     assert len(lines) == 3, lines
     m = re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 200 \| prompt (\d+) \(cached (\d+)\) \| '
                      r'output (\d+) \| ttft (\d+\.\d{3})s \| (\d+\.\d{3})s', lines[0])
