@@ -8,9 +8,9 @@ prefill, chunked prefill over a cached prefix, decode, and batches of sequences 
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
-from freetoken.kernels._numba import HOT, axpy, dot, njit, prange, split_x, weight_rows
+from freetoken.kernels._blas_pool import workers
 from freetoken.cupy_loader import cupy as load_cupy
-from freetoken.kernels import attention_tiles
+from freetoken.kernels import attention_decode, attention_tiles
 
 TILED_MIN = 32   # query tokens of one sequence in a step from which tiled GEMMs beat the kernel
 
@@ -33,35 +33,6 @@ def ref(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
         return res
     out[...] = res
     return out
-
-
-@njit(**HOT)
-def _attention(qs, k_rows, v_rows, slot_table, tok_seq, tok_pos, scale, out):
-    """Parallel over (token, head): scores into a buffer, max, then exp-weighted V rows.
-    qs f32[T,Hq,L,D/L]; k_rows, v_rows [N,G,D/L] in the row-dot layouts of _numba."""
-    T, Hq, L, W = qs.shape
-    rep = Hq // k_rows.shape[1]
-    for item in prange(T * Hq):
-        t, h = item // Hq, item % Hq
-        g = h // rep
-        slots = slot_table[tok_seq[t], :tok_pos[t] + 1]
-        s = np.empty(slots.shape[0], np.float32)
-        m = np.float32(-np.inf)
-        for j in range(slots.shape[0]):
-            s[j] = dot(qs[t, h], k_rows[slots[j], g]) * scale
-            m = max(m, s[j])
-        acc = np.empty((L, W), np.float32)                       # [L,D/L]
-        for ll in range(L):     # a loop: np.zeros here would compile as a nested parfor
-            for i in range(W):
-                acc[ll, i] = 0.0
-        tot = np.float32(0.0)
-        for j in range(slots.shape[0]):
-            p = np.exp(s[j] - m)
-            tot += p
-            axpy(p, v_rows[slots[j], g], acc)
-        for i in range(W):
-            for ll in range(L):
-                out[t, h, i * L + ll] = acc[ll, i] / tot
 
 
 def _check(q, k_cache, slot_table, tok_seq, tok_pos):
@@ -89,7 +60,7 @@ def _by_path(tok_seq):
 
 def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
     """Same contract as ``ref``: tiled GEMMs (attention_tiles) for the tokens of a sequence
-    with many in the step, the numba kernel for the rest."""
+    with many in the step, the split-K decode kernel (attention_decode) for the rest."""
     q = np.ascontiguousarray(q, np.float32)
     slot_table = np.ascontiguousarray(slot_table, np.int32)
     tok_seq = np.ascontiguousarray(tok_seq, np.int32)
@@ -114,10 +85,9 @@ def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
 
 
 def _decode_kernel(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
-    k_rows, v_rows = weight_rows(k_cache), weight_rows(v_cache)
-    assert k_rows.dtype == v_rows.dtype, "k and v caches must share a dtype"
-    _attention(split_x(q, k_rows), k_rows, v_rows, slot_table, tok_seq, tok_pos,
-               np.float32(scale), out)
+    assert k_cache.dtype == v_cache.dtype, "k and v caches must share a dtype"
+    attention_decode.run(q, np.ascontiguousarray(k_cache), np.ascontiguousarray(v_cache), slot_table,
+                         tok_seq, tok_pos, scale, out, workers())
 
 
 # --- gpu (cuda/attention.cu) --------------------------------------------------------------------

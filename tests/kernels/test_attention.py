@@ -126,3 +126,62 @@ def test_tiled_softmax_keeps_a_dominant_score():
     got = attention.cpu(*args)
     assert_close("tiled attention, one dominant key", attention.ref(*args), got, 2e-5, 1e-4)
     np.testing.assert_allclose(got[580, 0], v[560, 0], atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("Hq,G,D", [(16, 4, 64), (8, 8, 32), (6, 2, 33)])
+def test_split_decode_over_long_and_short_contexts(Hq, G, D, dtype):
+    """One decode token per sequence, contexts from 1 to 2500 positions: many chunks per long
+    sequence, empty chunks for the short ones, merged into one softmax (bf16 of odd D reads rows
+    element by element)."""
+    rng = np.random.default_rng(D)
+    lengths = [2500, 1, 130, 700]
+    N = sum(lengths) + 5
+    k_cache, v_cache = kv_pool(rng, N, G, D, dtype)
+    perm = rng.permutation(N).astype(np.int32)
+    table = np.full((len(lengths), max(lengths)), -1, np.int32)
+    start = 0
+    for s, n in enumerate(lengths):
+        table[s, :n] = perm[start:start + n]
+        start += n
+    seq = np.arange(len(lengths), dtype=np.int32)
+    pos = np.array(lengths, np.int32) - 1
+    q = rng.standard_normal((len(lengths), Hq, D)).astype(np.float32)
+    args = (q, k_cache, v_cache, table, seq, pos, 1.0 / np.sqrt(D))
+    assert_close(f"split decode Hq{Hq} G{G} D{D}", attention.ref(*args), attention.cpu(*args),
+                 atol=2e-5, rtol=1e-4)
+
+
+def test_split_decode_rescales_to_a_late_dominant_key():
+    """The chunk holding a key with nearly all the weight comes last: the merge must rescale the
+    earlier chunks (whose scores are ~60 below) rather than add them at their own max."""
+    rng = np.random.default_rng(5)
+    C, G, D = 3000, 1, 16
+    k = rng.standard_normal((C, G, D)).astype(np.float32)
+    v = rng.standard_normal((C, G, D)).astype(np.float32)
+    q = k[None, 2900] * 8
+    args = (q, k, v, np.arange(C, dtype=np.int32)[None], np.zeros(1, np.int32),
+            np.array([C - 1], np.int32), 1.0)
+    got = attention.cpu(*args)
+    assert_close("split decode, one dominant key", attention.ref(*args), got, 2e-5, 1e-4)
+    np.testing.assert_allclose(got[0, 0], v[2900, 0], atol=1e-3)
+
+
+def test_decode_exp_matches_numpy():
+    from freetoken.kernels.attention_decode import exp_le0
+    x = np.concatenate([-np.geomspace(1e-8, 87, 4000), [0.0, -0.5, -1.0, -86.99]]).astype(np.float32)
+    got = np.array([exp_le0.dispatcher(v) for v in x], np.float32)
+    np.testing.assert_allclose(got, np.exp(x.astype(np.float64)), rtol=3e-7, atol=0)
+    assert 0 <= exp_le0.dispatcher(np.float32(-1e4)) < 1e-37
+    assert exp_le0.dispatcher(np.float32(-np.inf)) < 1e-37
+
+
+@pytest.mark.parametrize("T,C,threads", [(1, 4096, 2), (1, 100, 16), (64, 4096, 2), (1, 30, 2), (3, 16384, 8)])
+def test_decode_chunking_covers_the_context(T, C, threads):
+    """Chunks tile the longest context; a long context is cut into enough work items for every
+    thread (a few each), never into chunks shorter than MIN_CHUNK."""
+    from freetoken.kernels.attention_decode import ITEMS_PER_THREAD, MIN_CHUNK, chunking
+    CH, nch = chunking(T, C, threads)
+    assert CH * nch >= C and CH * (nch - 1) < C and CH >= MIN_CHUNK
+    if C >= MIN_CHUNK * ITEMS_PER_THREAD * threads:
+        assert T * nch >= ITEMS_PER_THREAD * threads
