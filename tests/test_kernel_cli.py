@@ -44,6 +44,25 @@ def test_bench_reports_time_and_bandwidth(capsys):
                  "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "us/call" in out and "GB/s" in out and "PASS" not in out   # --bench alone: no check
+    from freetoken.kernels._isa import host
+    assert f"numba target {host()[0]}" in out and "fp32 lanes" in out   # which instructions ran
+
+
+@pytest.mark.parametrize("flags,width", [({"avx512f", "avx2", "fma"}, "AVX-512"), ({"avx2", "fma"}, "AVX2+FMA"),
+                                         ({"sse4.2"}, "SSE")])
+def test_vector_width_follows_the_cpu_features(flags, width):
+    from freetoken.kernels._isa import vector_width
+    assert vector_width(flags).startswith(width)
+
+
+def test_describe_names_the_dot_product_instructions_present(monkeypatch):
+    from freetoken.kernels import _isa
+    monkeypatch.setattr(_isa, "host", lambda: ("sapphirerapids", frozenset({"avx512f", "avx512bf16", "amx-int8"})))
+    line = _isa.describe()
+    assert line.startswith("numba target sapphirerapids, AVX-512") and "AVX512-BF16" in line \
+        and "AMX-INT8" in line and "VNNI" not in line and "unused" in line
+    monkeypatch.setattr(_isa, "host", lambda: ("haswell", frozenset({"avx2", "fma"})))
+    assert _isa.describe() == "numba target haswell, AVX2+FMA (8 fp32 lanes), fp32 FMA"
 
 
 def test_bad_shape_is_an_error():

@@ -201,6 +201,7 @@ def gpu_peaks() -> tuple[float | None, float | None, str]:
 
 
 def cpu_peaks() -> tuple[float, None, str]:
+    from freetoken.kernels._isa import describe
     from freetoken.kernels._membw import measure_read_bandwidth
     gbs = measure_read_bandwidth(nbytes=256 << 20, repeats=3)
-    return gbs, None, f"cpu: {gbs:.1f} GB/s measured numba parallel read (256 MB)"
+    return gbs, None, f"cpu: {gbs:.1f} GB/s measured numba parallel read (256 MB); {describe()}"

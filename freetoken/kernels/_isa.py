@@ -1,0 +1,39 @@
+"""Which CPU instructions the numba kernels run with on this machine: numba compiles for the host
+CPU (LLVM's name for it and its feature flags), so the vector width and the dot-product
+instructions available differ from box to box. Used by ``kernel --bench`` and the engine's
+start-up log; numba's cache is keyed on the same CPU name and features."""
+from __future__ import annotations
+
+import functools
+
+# (LLVM feature, what the kernels would use it for)
+DOT_FEATURES = (("avx512bf16", "AVX512-BF16 bf16 dots"), ("avx512vnni", "AVX512-VNNI int8 dots"),
+                ("avxvnni", "AVX-VNNI int8 dots"), ("amx-bf16", "AMX-BF16 tiles"),
+                ("amx-int8", "AMX-INT8 tiles"))
+
+
+@functools.lru_cache(maxsize=1)
+def host() -> tuple[str, frozenset]:
+    """(LLVM CPU name, the features LLVM enables for it), as numba's code generation sees them."""
+    from freetoken.kernels._numba import load_numba
+    load_numba()
+    from llvmlite import binding
+    features = binding.get_host_cpu_features()
+    return binding.get_host_cpu_name(), frozenset(k for k, on in features.items() if on)
+
+
+def vector_width(features) -> str:
+    if "avx512f" in features:
+        return "AVX-512 (16 fp32 lanes)"
+    if "avx2" in features and "fma" in features:
+        return "AVX2+FMA (8 fp32 lanes)"
+    return "SSE (4 fp32 lanes)"
+
+
+def describe() -> str:
+    """One line: the target, its vector width, and the dot-product instructions the CPU has that
+    the kernels do not use yet (they compute in fp32: bf16 widened by shifts, blocks decoded)."""
+    name, features = host()
+    present = [what for flag, what in DOT_FEATURES if flag in features]
+    unused = f"; present but unused: {', '.join(present)}" if present else ""
+    return f"numba target {name}, {vector_width(features)}, fp32 FMA{unused}"
