@@ -114,6 +114,9 @@ def _register_overloads(numba):
     # row a call and reference counting of its array views (measured ~15% of a 1 KB row)
     overload(dots, inline="always")(lambda xs, toks, w, res: dots)
 
+    from freetoken.kernels import _simd
+    _simd.register(numba)
+
     @overload(narrow, inline="always")
     def _narrow(v, like):
         if like.dtype == types.uint16:

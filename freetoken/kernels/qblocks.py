@@ -20,6 +20,7 @@ offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-bl
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
+from freetoken.kernels._simd import dot_q8_0
 from freetoken.kernels.qfp8 import dequant_fp8_row, dot_fp8_row
 
 # dequant_row reproduces gguf-py's float32 numpy arithmetic bit for bit, so it runs in gguf-py's
@@ -211,18 +212,15 @@ def _coef_32(row, b, qh, mn, off):
 
 
 @njit(inline="always", **SERIAL)
-def _pair_32(row, xv, b, l, qs, h, a, c, q8):
+def _pair_32(row, xv, b, l, qs, h, a, c):
     """Values l and l + 16 of block b times x."""
-    if q8:
-        u0, u1 = np.float32(np.int8(row[b, qs + l])), np.float32(np.int8(row[b, qs + 16 + l]))
-    else:
-        u0, u1 = np.float32(_u_32(row, b, qs, h, l, 0)), np.float32(_u_32(row, b, qs, h, l, 1))
+    u0, u1 = np.float32(_u_32(row, b, qs, h, l, 0)), np.float32(_u_32(row, b, qs, h, l, 1))
     return (a * u0 - c) * xv[b, l] + (a * u1 - c) * xv[b, 16 + l]
 
 
 @njit(inline="always", **SERIAL)
-def _dot_32(row, xv, qs, qh, mn, off, q8):
-    """q4_0, q4_1, q5_0, q5_1, q8_0: four blocks per loop over the 16 byte positions."""
+def _dot_32(row, xv, qs, qh, mn, off):
+    """q4_0, q4_1, q5_0, q5_1: four blocks per loop over the 16 byte positions (q8_0: _simd.py)."""
     nb = row.shape[0]
     acc = np.float32(0.0)
     for b in range(0, nb - 3, 4):
@@ -232,15 +230,15 @@ def _dot_32(row, xv, qs, qh, mn, off, q8):
         a3, c3, h3 = _coef_32(row, b + 3, qh, mn, off)
         t = np.float32(0.0)
         for l in range(16):
-            t += (_pair_32(row, xv, b, l, qs, h0, a0, c0, q8)
-                  + _pair_32(row, xv, b + 1, l, qs, h1, a1, c1, q8)
-                  + _pair_32(row, xv, b + 2, l, qs, h2, a2, c2, q8)
-                  + _pair_32(row, xv, b + 3, l, qs, h3, a3, c3, q8))
+            t += (_pair_32(row, xv, b, l, qs, h0, a0, c0)
+                  + _pair_32(row, xv, b + 1, l, qs, h1, a1, c1)
+                  + _pair_32(row, xv, b + 2, l, qs, h2, a2, c2)
+                  + _pair_32(row, xv, b + 3, l, qs, h3, a3, c3))
         acc += t
     for b in range(nb - nb % 4, nb):
         a, c, h = _coef_32(row, b, qh, mn, off)
         for l in range(16):
-            acc += _pair_32(row, xv, b, l, qs, h, a, c, q8)
+            acc += _pair_32(row, xv, b, l, qs, h, a, c)
     return acc
 
 
@@ -310,27 +308,22 @@ def _dot_k45(row, xv, qh):
 
 @njit(**SERIAL)
 def _dot_q4_0(row, xv):
-    return _dot_32(row, xv, 2, -1, -1, 8, False)
+    return _dot_32(row, xv, 2, -1, -1, 8)
 
 
 @njit(**SERIAL)
 def _dot_q4_1(row, xv):
-    return _dot_32(row, xv, 4, -1, 2, 0, False)
+    return _dot_32(row, xv, 4, -1, 2, 0)
 
 
 @njit(**SERIAL)
 def _dot_q5_0(row, xv):
-    return _dot_32(row, xv, 6, 2, -1, 16, False)
+    return _dot_32(row, xv, 6, 2, -1, 16)
 
 
 @njit(**SERIAL)
 def _dot_q5_1(row, xv):
-    return _dot_32(row, xv, 8, 4, 2, 0, False)
-
-
-@njit(**SERIAL)
-def _dot_q8_0(row, xv):
-    return _dot_32(row, xv, 2, -1, -1, 0, True)
+    return _dot_32(row, xv, 8, 4, 2, 0)
 
 
 @njit(**SERIAL)
@@ -374,7 +367,7 @@ def _dot_xv(row, code, xv):
     if code == 3:
         return _dot_q5_1(row, xv)
     if code == 4:
-        return _dot_q8_0(row, xv)
+        return dot_q8_0(row, xv)        # explicit vectors (kernels/_simd.py): 2-3x _dot_q8_0
     if code == 5:
         return _dot_q2_k(row, xv)
     if code == 6:
