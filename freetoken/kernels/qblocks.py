@@ -20,7 +20,7 @@ offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-bl
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
-from freetoken.kernels._simd import dot_q8_0
+from freetoken.kernels._simd import dot_q4_k, dot_q6_k, dot_q8_0
 from freetoken.kernels.qfp8 import dequant_fp8_row, dot_fp8_row
 
 # dequant_row reproduces gguf-py's float32 numpy arithmetic bit for bit, so it runs in gguf-py's
@@ -285,7 +285,7 @@ def _v_k45(row, xv, b, qh, j, l, d, dmin):
 
 @njit(inline="always", **SERIAL)
 def _dot_k45(row, xv, qh):
-    """q4_k (qh < 0), q5_k: a loop over 32 positions x 8 sub-blocks."""
+    """q5_k (q4_k when qh < 0; q4_k now runs _simd.dot_q4_k): a loop over 32 positions x 8 sub-blocks."""
     acc = np.float32(0.0)
     for b in range(row.shape[0]):
         d, m = _f16(row, b, 0), _f16(row, b, 2)
@@ -338,7 +338,7 @@ def _dot_q3_k(row, xv):
 
 @njit(**SERIAL)
 def _dot_q4_k(row, xv):
-    return _dot_k45(row, xv, -1)
+    return dot_q4_k(row, xv)            # explicit vectors (kernels/_simd.py)
 
 
 @njit(**SERIAL)
@@ -348,7 +348,7 @@ def _dot_q5_k(row, xv):
 
 @njit(**SERIAL)
 def _dot_q6_k(row, xv):
-    return _dot_k16(row, xv, 9)
+    return dot_q6_k(row, xv)            # explicit vectors (kernels/_simd.py)
 
 
 @njit(inline="always", **SERIAL)

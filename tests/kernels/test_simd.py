@@ -44,3 +44,17 @@ def test_q8_0_strided_row_takes_a_contiguous_copy():
         return _simd.dot_q8_0(row, xv)
     got = dot(padded[:, :34], x.reshape(8, 32))
     np.testing.assert_allclose(got, exact[0].astype(np.float64) @ x, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k"])
+def test_k_row_fallbacks_match_the_spec(name):
+    """The Python fallbacks of the vector row dots against the dequantized row (the compiled
+    path: test_qblocks.test_dots_match_ref)."""
+    from freetoken.kernels import qformats
+    from tests.kernels.test_qblocks import blocks
+    rng = np.random.default_rng(7)
+    w = blocks(rng, name, 1, 3)[0]                                 # u8[3, S]
+    x = rng.standard_normal(3 * 256).astype(np.float32)
+    dense = qformats.dequantize_ref(w[None]).astype(np.float64)[0]
+    got = (_simd.dot_q4_k if name == "q4_k" else _simd.dot_q6_k)(w, x.reshape(3, 256))
+    assert abs(got - dense @ x) <= 1e-5 * float(np.abs(dense) @ np.abs(x))
