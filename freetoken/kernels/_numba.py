@@ -21,6 +21,10 @@ from freetoken.env import home
 HOT = dict(parallel=True, fastmath=True, cache=True, nogil=True)  # options for bandwidth kernels
 SERIAL = dict(fastmath=True, cache=True, nogil=True)              # small helpers and serial kernels
 
+# the files whose overloads any kernel may inline: part of every kernel's cache stamp (below)
+_OVERLOAD_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                          for name in ("_numba.py", "_simd.py", "_simd_ir.py"))
+
 _lock = threading.RLock()
 _numba = None
 _kernels: list = []      # every LazyKernel made (kernel modules make them at import, a few dozen)
@@ -159,7 +163,7 @@ class LazyKernel:
     def _resolved(self, numba):
         fn = self.py_func
         glb = dict(fn.__globals__)
-        self.sources = {fn.__code__.co_filename, __file__}
+        self.sources = {fn.__code__.co_filename, *_OVERLOAD_SOURCES}
         for name in fn.__code__.co_names:
             val = glb.get(name)
             if isinstance(val, LazyKernel):

@@ -58,3 +58,12 @@ def test_k_row_fallbacks_match_the_spec(name):
     dense = qformats.dequantize_ref(w[None]).astype(np.float64)[0]
     got = (_simd.dot_q4_k if name == "q4_k" else _simd.dot_q6_k)(w, x.reshape(3, 256))
     assert abs(got - dense @ x) <= 1e-5 * float(np.abs(dense) @ np.abs(x))
+
+
+def test_an_edit_to_the_vector_code_recompiles_the_kernels_that_inline_it():
+    """numba's cache checks only a kernel's own file; the vector IR is inlined through overloads,
+    so its files are part of every kernel's cache stamp (kernels/_numba.py)."""
+    import os
+    qblocks.dot_rows.dispatcher                          # resolves the kernel and its sources
+    names = {os.path.basename(p) for p in qblocks.dot_rows.sources}
+    assert {"qblocks.py", "_numba.py", "_simd.py", "_simd_ir.py"} <= names

@@ -1,0 +1,146 @@
+"""The LLVM IR of kernels/_simd.py's vector row dots, and their numba overloads. Imported only
+by _simd.register, once numba is loaded (it imports numba and llvmlite at the top).
+
+Each row dot is one loop over the row's blocks that adds one <32 x float> per block (the block's
+values times x, its scales applied per 32 or 16 lanes) and reduces once at the end.
+
+Shapes: row u8[NB,S] C-contiguous; xv f32[NB,V] C-contiguous; V = 32 (q8_0) or 256 (K-quants).
+"""
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from freetoken.kernels import _simd
+
+LANES = _simd.LANES
+F32, I32, I64, I8 = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.IntType(8)
+VEC = ir.VectorType(F32, LANES)           # one q8_0 block, or a 32-value q4_k/q6_k slice
+
+
+def _function(builder, name, ret, params):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
+
+
+def _fma(builder, a, b, c):
+    return builder.call(_function(builder, "llvm.fma.v32f32", VEC, [VEC, VEC, VEC]), [a, b, c])
+
+
+def _load(builder, ptr, at, ty, align):
+    """A `ty` at byte (or element) offset `at` of `ptr`."""
+    return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(I64, at)]), ty.as_pointer()), align=align)
+
+
+def _bytes(builder, ptr, at, n=LANES):
+    return _load(builder, ptr, at, ir.VectorType(I8, n), 1)
+
+
+def _fp16(builder, block, at):
+    return builder.fpext(_load(builder, block, at, ir.HalfType(), 1), F32)
+
+
+def _same(bits, n, value):
+    return ir.Constant(ir.VectorType(ir.IntType(bits), n), [value] * n)
+
+
+def _lanes(builder, vector, picks):
+    """Lanes `picks` of `vector` (any width) as a vector of len(picks) lanes."""
+    return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(I32, len(picks)), list(picks)))
+
+
+def _splat(builder, value, n=LANES):
+    one = builder.insert_element(ir.Constant(ir.VectorType(F32, n), None), value, ir.Constant(I32, 0))
+    return _lanes(builder, one, [0] * n)
+
+
+def _q8_0(builder, block, xb, acc):
+    """acc + d * (q . x) lanes of one q8_0 block: d fp16 at byte 0, 32 int8 quants at 2."""
+    q = builder.sitofp(_bytes(builder, block, 2), VEC)
+    return _fma(builder, builder.fmul(q, _load(builder, xb, 0, VEC, 4)), _splat(builder, _fp16(builder, block, 0)), acc)
+
+
+def _k4_coefficients(builder, block):
+    """(d * scale_j, dmin * min_j) of a q4_k block's 8 sub-blocks, each <8 x float>: j < 4: low 6
+    bits of scale bytes j, j + 4; else 4 bits of byte j + 4 and the top 2 of bytes j - 4, j."""
+    raw = _bytes(builder, block, 4, 16)                             # scale bytes s0..s11 (+4 of qs)
+    first_four = ir.Constant(ir.VectorType(ir.IntType(1), 8), [1] * 4 + [0] * 4)
+    out = []
+    for low, top, at in (((0, 1, 2, 3, 8, 9, 10, 11), (0, 1, 2, 3) * 2, 0),
+                         ((4, 5, 6, 7, 8, 9, 10, 11), (4, 5, 6, 7) * 2, 2)):
+        p, q = _lanes(builder, raw, low), _lanes(builder, raw, top)
+        high = builder.shl(builder.lshr(q, _same(8, 8, 6)), _same(8, 8, 4))
+        nibble = builder.and_(p, _same(8, 8, 15)) if at == 0 else builder.lshr(p, _same(8, 8, 4))
+        six = builder.select(first_four, builder.and_(p, _same(8, 8, 63)), builder.or_(nibble, high))
+        out.append(builder.fmul(builder.uitofp(six, ir.VectorType(F32, 8)), _splat(builder, _fp16(builder, block, at), 8)))
+    return out
+
+
+def _q4_k(builder, block, xb, acc):
+    """acc + (a_j q - c_j) . x lanes of one q4_k block; sub-blocks 2p, 2p + 1 are the low and high
+    nibbles of quant bytes 16 + 32p .. + 31."""
+    a8, c8 = _k4_coefficients(builder, block)
+    mins = ir.Constant(VEC, None)
+    for p in range(4):
+        quants = _bytes(builder, block, 16 + 32 * p)
+        for half, q in enumerate((builder.and_(quants, _same(8, LANES, 15)), builder.lshr(quants, _same(8, LANES, 4)))):
+            j = 2 * p + half
+            x = _load(builder, xb, 32 * j, VEC, 4)
+            acc = _fma(builder, builder.fmul(builder.uitofp(q, VEC), x), _lanes(builder, a8, [j] * LANES), acc)
+            mins = _fma(builder, x, _lanes(builder, c8, [j] * LANES), mins)
+    return builder.fsub(acc, mins)
+
+
+def _q6_k(builder, block, xb, acc):
+    """acc + d * scale_i * (q - 32) . x lanes of one q6_k block (gguf-py's unpacking: 4 slices of 32
+    per half, low bits from ql, high from qh; lanes 0-15 and 16-31 of a slice: two sub-blocks)."""
+    scales = builder.sitofp(_bytes(builder, block, 192, 16), ir.VectorType(F32, 16))
+    a16 = builder.fmul(scales, _splat(builder, _fp16(builder, block, 208), 16))
+    for n in range(2):
+        lo, hi, h = _bytes(builder, block, 64 * n), _bytes(builder, block, 64 * n + 32), _bytes(builder, block, 128 + 32 * n)
+        four = _same(8, LANES, 4)
+        for k, (low, shift) in enumerate(((lo, 0), (hi, 2), (builder.lshr(lo, four), 4), (builder.lshr(hi, four), 6))):
+            top = builder.shl(builder.and_(builder.lshr(h, _same(8, LANES, shift)), _same(8, LANES, 3)), four)
+            q = builder.sub(builder.or_(builder.and_(low, _same(8, LANES, 15)), top), _same(8, LANES, 32))
+            s0 = 8 * n + 2 * k
+            x = _load(builder, xb, 128 * n + 32 * k, VEC, 4)
+            acc = _fma(builder, builder.fmul(builder.sitofp(q, VEC), x), _lanes(builder, a16, [s0] * 16 + [s0 + 1] * 16), acc)
+    return acc
+
+
+def _row_dot(context, builder, sig, args, block_bytes, values, block_lanes):
+    """The row's blocks folded by block_lanes(builder, block pointer, x pointer, acc) -> acc, one
+    <32 x float> carried across blocks and reduced once."""
+    rows, xs = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args))
+    acc = cgutils.alloca_once_value(builder, ir.Constant(VEC, None))
+    with cgutils.for_range(builder, builder.extract_value(rows.shape, 0)) as loop:
+        block = builder.gep(rows.data, [builder.mul(loop.index, ir.Constant(I64, block_bytes))])
+        xb = builder.gep(xs.data, [builder.mul(loop.index, ir.Constant(I64, values))])
+        builder.store(block_lanes(builder, block, xb, builder.load(acc)), acc)
+    total = _function(builder, "llvm.vector.reduce.fadd.v32f32", F32, [F32, VEC])
+    return builder.call(total, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
+
+
+def _contiguous(*arrays):
+    return all(isinstance(t, types.Array) and t.layout == "C" for t in arrays)
+
+
+def _register_row(plain, block_bytes, values, block_lanes):
+    """`plain` compiles to the vector loop; a strided argument is copied contiguous first."""
+    @intrinsic
+    def vector_row(typingctx, row, xv):
+        def codegen(context, builder, sig, args):
+            return _row_dot(context, builder, sig, args, block_bytes, values, block_lanes)
+        ok = _contiguous(row, xv) and row.dtype == types.uint8 and xv.dtype == types.float32
+        return (types.float32(row, xv), codegen) if ok else None
+
+    @overload(plain, inline="always")
+    def _plain(row, xv):
+        if _contiguous(row, xv):
+            return lambda row, xv: vector_row(row, xv)
+        return lambda row, xv: vector_row(np.ascontiguousarray(row), np.ascontiguousarray(xv))
+
+
+for _plain_dot, _bytes_per_block, _values, _block in ((_simd.dot_q8_0, 34, 32, _q8_0), (_simd.dot_q4_k, 144, 256, _q4_k),
+                                                     (_simd.dot_q6_k, 210, 256, _q6_k)):
+    _register_row(_plain_dot, _bytes_per_block, _values, _block)
