@@ -76,6 +76,8 @@ def load_numba():
             if os.environ.get("NUMBA_CACHE_DIR"):
                 numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
             _register_overloads(numba)
+            from freetoken.kernels import _simd
+            _simd.register(numba)
             _numba = numba
     return _numba
 
@@ -117,9 +119,6 @@ def _register_overloads(numba):
     # an overload inlined at numba IR level: a call into another compiled function costs each
     # row a call and reference counting of its array views (measured ~15% of a 1 KB row)
     overload(dots, inline="always")(lambda xs, toks, w, res: dots)
-
-    from freetoken.kernels import _simd
-    _simd.register(numba)
 
     @overload(narrow, inline="always")
     def _narrow(v, like):
