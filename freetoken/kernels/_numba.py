@@ -67,7 +67,8 @@ def _cache_dir_setup():
 
 
 def load_numba():
-    """Import numba once (setting the cache dir first) and register the bf16 overloads."""
+    """Import numba once (setting the cache dir first) and register the bf16 overloads and the
+    vector row dots (kernels/_simd.py)."""
     global _numba
     with _lock:
         if _numba is None:
