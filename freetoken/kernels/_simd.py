@@ -36,18 +36,30 @@ def _scale_min_k4(sc):
     return scale.astype(np.float32), mins.astype(np.float32)
 
 
+def _k45_row(row, xv, qh_at, qs_at):
+    total = np.float32(0.0)
+    for b in range(row.shape[0]):
+        scale, mins = _scale_min_k4(row[b, 4:16])
+        qs = row[b, qs_at:qs_at + 128].reshape(4, 32)
+        q = np.stack([qs & 15, qs >> 4], 1).reshape(8, 32).astype(np.int32)
+        if qh_at is not None:                              # bit j of each qh byte: sub-block j's 16
+            q |= ((row[b, qh_at:qh_at + 32][None, :] >> np.arange(8)[:, None]) & 1).astype(np.int32) << 4
+        a, c = _f16(row[b, 0:2]) * scale, _f16(row[b, 2:4]) * mins
+        total += ((a[:, None] * q.astype(np.float32) - c[:, None]) * xv[b].reshape(8, 32)).sum(dtype=np.float32)
+    return np.float32(total)
+
+
 def dot_q4_k(row, xv):
     """sum over blocks b and sub-blocks j of (d*scale_j * q - dmin*min_j) . x for a q4_k row: d, dmin
     fp16 at bytes 0, 2; 6-bit scales and mins at 4; quants at 16, sub-blocks 2p and 2p + 1 in the
     low and high nibbles of bytes 16 + 32p .. + 31."""
-    total = np.float32(0.0)
-    for b in range(row.shape[0]):
-        scale, mins = _scale_min_k4(row[b, 4:16])
-        qs = row[b, 16:144].reshape(4, 32)
-        q = np.stack([qs & 15, qs >> 4], 1).reshape(8, 32).astype(np.float32)
-        a, c = _f16(row[b, 0:2]) * scale, _f16(row[b, 2:4]) * mins
-        total += ((a[:, None] * q - c[:, None]) * xv[b].reshape(8, 32)).sum(dtype=np.float32)
-    return np.float32(total)
+    return _k45_row(row, xv, None, 16)
+
+
+def dot_q5_k(row, xv):
+    """dot_q4_k's sum for a q5_k row: quants at 48, and bit j of the 32 bytes at 16 as the fifth
+    bit (16) of sub-block j's values."""
+    return _k45_row(row, xv, 16, 48)
 
 
 def dot_q6_k(row, xv):

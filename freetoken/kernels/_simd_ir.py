@@ -76,19 +76,32 @@ def _k4_coefficients(builder, block):
     return out
 
 
-def _q4_k(builder, block, xb, acc):
-    """acc + (a_j q - c_j) . x lanes of one q4_k block; sub-blocks 2p, 2p + 1 are the low and high
-    nibbles of quant bytes 16 + 32p .. + 31."""
+def _k45(builder, block, xb, acc, qh_at, qs_at):
+    """acc + (a_j u - c_j) . x lanes of one q4_k / q5_k block. Sub-blocks 2p, 2p + 1 are the low
+    and high nibbles of quant bytes qs_at + 32p .. + 31; q5_k adds bit j of its qh bytes (at
+    qh_at, one per lane) as the quant's fifth bit (16)."""
     a8, c8 = _k4_coefficients(builder, block)
+    high_bits = _bytes(builder, block, qh_at) if qh_at is not None else None
     mins = ir.Constant(VEC, None)
     for p in range(4):
-        quants = _bytes(builder, block, 16 + 32 * p)
+        quants = _bytes(builder, block, qs_at + 32 * p)
         for half, q in enumerate((builder.and_(quants, _same(8, LANES, 15)), builder.lshr(quants, _same(8, LANES, 4)))):
             j = 2 * p + half
+            if high_bits is not None:
+                bit = builder.and_(builder.lshr(high_bits, _same(8, LANES, j)), _same(8, LANES, 1))
+                q = builder.or_(q, builder.shl(bit, _same(8, LANES, 4)))
             x = _load(builder, xb, 32 * j, VEC, 4)
             acc = _fma(builder, builder.fmul(builder.uitofp(q, VEC), x), _lanes(builder, a8, [j] * LANES), acc)
             mins = _fma(builder, x, _lanes(builder, c8, [j] * LANES), mins)
     return builder.fsub(acc, mins)
+
+
+def _q4_k(builder, block, xb, acc):
+    return _k45(builder, block, xb, acc, None, 16)
+
+
+def _q5_k(builder, block, xb, acc):
+    return _k45(builder, block, xb, acc, 16, 48)
 
 
 def _q6_k(builder, block, xb, acc):
@@ -142,5 +155,5 @@ def _register_row(plain, block_bytes, values, block_lanes):
 
 
 for _plain_dot, _bytes_per_block, _values, _block in ((_simd.dot_q8_0, 34, 32, _q8_0), (_simd.dot_q4_k, 144, 256, _q4_k),
-                                                     (_simd.dot_q6_k, 210, 256, _q6_k)):
+                                                     (_simd.dot_q5_k, 176, 256, _q5_k), (_simd.dot_q6_k, 210, 256, _q6_k)):
     _register_row(_plain_dot, _bytes_per_block, _values, _block)

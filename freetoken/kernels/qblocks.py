@@ -20,7 +20,7 @@ offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-bl
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
-from freetoken.kernels._simd import dot_q4_k, dot_q6_k, dot_q8_0
+from freetoken.kernels._simd import dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0
 from freetoken.kernels.qfp8 import dequant_fp8_row, dot_fp8_row
 
 # dequant_row reproduces gguf-py's float32 numpy arithmetic bit for bit, so it runs in gguf-py's
@@ -275,34 +275,6 @@ def _dot_k16(row, xv, code):
     return acc
 
 
-@njit(**SERIAL)
-def _v_k45(row, xv, b, qh, j, l, d, dmin):
-    """Value l of sub-block j of a q4_k/q5_k block times x."""
-    sc, m = _scale_min_k(row, b, j)
-    u = np.float32(_u_k45(row, b, qh, j, l))
-    return (d * np.float32(sc) * u - dmin * np.float32(m)) * xv[b, j * 32 + l]
-
-
-@njit(inline="always", **SERIAL)
-def _dot_k45(row, xv, qh):
-    """q5_k (q4_k when qh < 0; q4_k now runs _simd.dot_q4_k): a loop over 32 positions x 8 sub-blocks."""
-    acc = np.float32(0.0)
-    for b in range(row.shape[0]):
-        d, m = _f16(row, b, 0), _f16(row, b, 2)
-        t = np.float32(0.0)
-        for l in range(32):
-            t += (_v_k45(row, xv, b, qh, 0, l, d, m)
-                  + _v_k45(row, xv, b, qh, 1, l, d, m)
-                  + _v_k45(row, xv, b, qh, 2, l, d, m)
-                  + _v_k45(row, xv, b, qh, 3, l, d, m)
-                  + _v_k45(row, xv, b, qh, 4, l, d, m)
-                  + _v_k45(row, xv, b, qh, 5, l, d, m)
-                  + _v_k45(row, xv, b, qh, 6, l, d, m)
-                  + _v_k45(row, xv, b, qh, 7, l, d, m))
-        acc += t
-    return acc
-
-
 # one compiled kernel per format, its loops specialised by the literal arguments (and ten small
 # functions compile faster than one with all ten inlined)
 
@@ -343,7 +315,7 @@ def _dot_q4_k(row, xv):
 
 @njit(**SERIAL)
 def _dot_q5_k(row, xv):
-    return _dot_k45(row, xv, 16)
+    return dot_q5_k(row, xv)            # explicit vectors (kernels/_simd.py)
 
 
 @njit(**SERIAL)

@@ -46,7 +46,7 @@ def test_q8_0_strided_row_takes_a_contiguous_copy():
     np.testing.assert_allclose(got, exact[0].astype(np.float64) @ x, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k"])
 def test_k_row_fallbacks_match_the_spec(name):
     """The Python fallbacks of the vector row dots against the dequantized row (the compiled
     path: test_qblocks.test_dots_match_ref)."""
@@ -56,7 +56,7 @@ def test_k_row_fallbacks_match_the_spec(name):
     w = blocks(rng, name, 1, 3)[0]                                 # u8[3, S]
     x = rng.standard_normal(3 * 256).astype(np.float32)
     dense = qformats.dequantize_ref(w[None]).astype(np.float64)[0]
-    got = (_simd.dot_q4_k if name == "q4_k" else _simd.dot_q6_k)(w, x.reshape(3, 256))
+    got = getattr(_simd, f"dot_{name}")(w, x.reshape(3, 256))
     assert abs(got - dense @ x) <= 1e-5 * float(np.abs(dense) @ np.abs(x))
 
 
