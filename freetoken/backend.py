@@ -5,6 +5,7 @@ docs/contracts.md. Models never branch on the device; they call ``ops.<op>``.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
@@ -125,7 +126,10 @@ def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
     return call
 
 
-def get_ops(name: str) -> Ops:
+def get_ops(name: str, *, cpu_dots: str = "f32") -> Ops:
+    """The ops of backend `name`. cpu_dots: how the numpy backends' linear and experts ops dot
+    quantized weights (kernels/qact.py: "int8" rounds activations to 8 bits per 32 values for the
+    formats with int8 dots; "f32" multiplies by them as they are); CUDA computes in fp32."""
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; expected {' | '.join(BACKENDS)}")
     modules = {op: importlib.import_module(f"freetoken.kernels.{op}") for op in OP_NAMES}
@@ -136,4 +140,10 @@ def get_ops(name: str) -> Ops:
         xp = load_cupy()
         return Ops(name=name, xp=xp, **{op: _eager(op, m.gpu, xp) for op, m in modules.items()})
     import numpy as xp
-    return Ops(name=name, xp=xp, **{op: getattr(m, name, None) or m.ref for op, m in modules.items()})
+    ops = {op: getattr(m, name, None) or m.ref for op, m in modules.items()}
+    if cpu_dots != "f32":
+        from freetoken.kernels.qact import DOTS
+        if cpu_dots not in DOTS:
+            raise BackendError(f"unknown cpu_dots {cpu_dots!r}; expected {' | '.join(DOTS)}")
+        ops.update({op: functools.partial(ops[op], dots=cpu_dots) for op in ("linear", "experts")})
+    return Ops(name=name, xp=xp, **ops)

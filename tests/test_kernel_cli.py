@@ -60,9 +60,12 @@ def test_describe_names_the_dot_product_instructions_present(monkeypatch):
     monkeypatch.setattr(_isa, "host", lambda: ("sapphirerapids", frozenset({"avx512f", "avx512bf16", "amx-int8"})))
     line = _isa.describe()
     assert line.startswith("numba target sapphirerapids, AVX-512") and "AVX512-BF16" in line \
-        and "AMX-INT8" in line and "VNNI" not in line and "unused" in line
+        and "AMX-INT8" in line and "VNNI" not in line and "unused" in line and "int8 dots by widening" in line
     monkeypatch.setattr(_isa, "host", lambda: ("haswell", frozenset({"avx2", "fma"})))
-    assert _isa.describe() == "numba target haswell, AVX2+FMA (8 fp32 lanes), fp32 FMA"
+    assert _isa.describe() == ("numba target haswell, AVX2+FMA (8 fp32 lanes), fp32 FMA, "
+                               "int8 dots by AVX2 pmaddubsw+pmaddwd")
+    monkeypatch.setattr(_isa, "host", lambda: ("znver4", frozenset({"avx512f", "avx512vl", "avx512vnni"})))
+    assert "int8 dots by VNNI vpdpbusd" in _isa.describe() and "unused" not in _isa.describe()
 
 
 def test_bad_shape_is_an_error():

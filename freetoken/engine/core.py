@@ -55,13 +55,14 @@ class EngineCore:
         self.facts = after_loading(facts, self.weights, cfg.moe_layers)
         self.plan = make_plan(cfg, config, self.facts)
         self.max_model_len = self.plan.context_len      # a resize never changes it
-        self.ops = get_ops(self.plan.compute)
+        self.ops = get_ops(self.plan.compute, cpu_dots=config.cpu_dots)
         self.weights = build.place_weights(self.ops, self.weights)
         self.moe = self._make_moe()                # plans again if pinning the host pool failed
         _log_plan(self.plan)
         if self.ops.name != "ref":                # every other backend runs numba kernels (MoE CPU branch)
             from freetoken.kernels._isa import describe
-            logger.info("cpu kernels: %s", describe())
+            logger.info("cpu kernels: %s; quantized weights dotted in %s (--cpu-dots)", describe(),
+                        self.config.cpu_dots)
         self.states = build.make_states(cfg, self.plan, self.ops.xp)
         self.checkpoints, self._anchors = build.checkpoint_pool(self.plan, config, self.ops, self.tokenizer)
         self._assemble(build.make_kv_pool(cfg, self.plan, self.ops.xp), self.moe)
@@ -144,7 +145,8 @@ class EngineCore:
         if self.plan.moe.backend in CACHED and dev.needs_pinning and not self.host_pool.pinned:
             self.facts = replace(self.facts, host_pinned=False)
             self.plan = make_plan(cfg, self.config, self.facts)
-        return build_moe(cfg, self.host_pool, self.plan.moe, self.ops.experts, logger, dev=dev)
+        return build_moe(cfg, self.host_pool, self.plan.moe, self.ops.experts, logger, dev=dev,
+                         cpu_dots=self.config.cpu_dots)
 
     def record_routing(self) -> None:
         """From now on, record every decode MoE layer call's routed ids (see moe/trace.py)."""

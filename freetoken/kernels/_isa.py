@@ -10,6 +10,15 @@ import functools
 DOT_FEATURES = (("avx512bf16", "AVX512-BF16 bf16 dots"), ("avx512vnni", "AVX512-VNNI int8 dots"),
                 ("avxvnni", "AVX-VNNI int8 dots"), ("amx-bf16", "AMX-BF16 tiles"),
                 ("amx-int8", "AMX-INT8 tiles"))
+INT8_PATHS = {"vnni": "VNNI vpdpbusd", "avx2": "AVX2 pmaddubsw+pmaddwd", "generic": "widening multiplies"}
+
+
+def int8_dot_path(features) -> str:
+    """'vnni', 'avx2' or 'generic': what the int8 row dots (kernels/_simd_int8.py) compile to for a
+    set of enabled LLVM features (256-bit vpdpbusd: AVX-VNNI, or AVX512-VNNI with AVX512-VL)."""
+    if "avxvnni" in features or {"avx512vnni", "avx512vl"} <= set(features):
+        return "vnni"
+    return "avx2" if "avx2" in features else "generic"
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,9 +40,12 @@ def vector_width(features) -> str:
 
 
 def describe() -> str:
-    """One line: the target, its vector width, and the dot-product instructions the CPU has that
-    the kernels do not use yet (they compute in fp32: bf16 widened by shifts, blocks decoded)."""
+    """One line: the target, its vector width, the int8 dots' instructions (quantized weights,
+    --cpu-dots int8), and the dot-product instructions the CPU has that the kernels do not use
+    yet (bf16 and the rest compute in fp32: bf16 widened by shifts, blocks decoded)."""
     name, features = host()
-    present = [what for flag, what in DOT_FEATURES if flag in features]
+    path = int8_dot_path(features)
+    used = {"avx512vnni", "avxvnni"} if path == "vnni" else set()
+    present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
-    return f"numba target {name}, {vector_width(features)}, fp32 FMA{unused}"
+    return f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}{unused}"

@@ -10,7 +10,12 @@ Each dot here is a plain function whose Python body is the spec (gguf-py's dequa
 dot); numba compiles it through an overload instead: the vector IR in kernels/_simd_ir.py,
 registered by ``register`` when kernels/_numba.py loads numba.
 
-Shapes: row u8[NB,S] (NB blocks of S bytes), xv f32[NB,V] (V values per block).
+The ``idot_*`` dots read x rounded to 8 bits per 32 values (kernels/qact.py) and compute each
+32 values' sum as an exact integer (VNNI, or AVX2's pairwise multiply-adds: kernels/_simd_int8.py),
+scaled once; their spec: the dot of the dequantized row with the rounded x (q * d).
+
+Shapes: row u8[NB,S] (NB blocks of S bytes), xv f32[NB,V] (V values per block); rounded x: xq
+i8[NB,V], xd and xs f32[NB,V/32] (the scale, and scale * sum of q, of each 32 values).
 """
 import numpy as np
 
@@ -50,8 +55,35 @@ def dot_q6_k(row, xv):
     return _spec_dot(row, xv, "Q6_K")
 
 
+def _spec_idot(row, xq, xd, ggml_type):
+    """The spec of the int8 dots: the rounded x as the values it stands for, then _spec_dot."""
+    x = np.asarray(xq, np.float32).reshape(-1, 32) * np.asarray(xd, np.float32).reshape(-1, 1)
+    return _spec_dot(row, x, ggml_type)
+
+
+def idot_q8_0(row, xq, xd, xs):
+    """dot_q8_0 of the rounded x: per block, d * xd * (the exact integer sum of q * xq)."""
+    return _spec_idot(row, xq, xd, "Q8_0")
+
+
+def idot_q4_k(row, xq, xd, xs):
+    """dot_q4_k of the rounded x: per sub-block j, d*scale_j * xd_j * sum(q * xq) - dmin*min_j * xs_j."""
+    return _spec_idot(row, xq, xd, "Q4_K")
+
+
+def idot_q5_k(row, xq, xd, xs):
+    """dot_q5_k of the rounded x, as idot_q4_k."""
+    return _spec_idot(row, xq, xd, "Q5_K")
+
+
+def idot_q6_k(row, xq, xd, xs):
+    """dot_q6_k of the rounded x: per 16 values, d*scale_i * xd * sum((q - 32) * xq)."""
+    return _spec_idot(row, xq, xd, "Q6_K")
+
+
 def register(numba):
-    """Compile-time overloads of the dots above (kernels/_simd_ir.py; called once, when numba is
-    loaded: importing that module registers them)."""
+    """Compile-time overloads of the dots above (kernels/_simd_ir.py, _simd_int8.py; called once,
+    when numba is loaded: importing those modules registers them)."""
     import importlib
     importlib.import_module("freetoken.kernels._simd_ir")
+    importlib.import_module("freetoken.kernels._simd_int8")

@@ -12,6 +12,7 @@ from freetoken.kernels._blas_pool import run_items
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, weight_rows
 from freetoken.kernels.linear import dot_rows2, rows_block4, widen_rows
+from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
 from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
 
 ROWS = 32            # rows per parallel work item: amortises per-item costs, >= 8 items per thread
@@ -29,11 +30,15 @@ def _expert_f32(w, e):
     return dequantize_ref(w[e]) if is_quantized(w) else to_f32(w[e])
 
 
-def ref(x, ids, weights, gate_up, down, out=None):
+def ref(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
     """x f32[T,H], ids int32[T,k], weights f32[T,k], gate_up [S,2I,H], down [S,H,I] -> f32[T,H]
-    (quantized banks: [S,2I,H/V,B], [S,H,I/V,B], kernels/qblocks.py)."""
+    (quantized banks: [S,2I,H/V,B], [S,H,I/V,B], kernels/qblocks.py). dots="int8": x and the
+    activation rounded as the int8 dots round them (kernels/qact.py) before a bank whose format
+    has them."""
     T, H = x.shape
     I = logical_shape(down)[2]
+    x = rounded_ref(x) if wants_int8(gate_up, dots) else np.asarray(x, np.float32)
+    act_rounding = rounded_ref if wants_int8(down, dots) else (lambda a: a)
     res = np.zeros((T, H), np.float32)
     for t in range(T):
         for j in range(ids.shape[1]):
@@ -41,7 +46,7 @@ def ref(x, ids, weights, gate_up, down, out=None):
             if e < 0:
                 continue
             h = _expert_f32(gate_up, e) @ x[t]                 # [2I]
-            act = _silu(h[:I]) * h[I:]                         # [I], fp32, not rounded
+            act = act_rounding((_silu(h[:I]) * h[I:])[None])[0]    # [I], fp32 (or int8-rounded)
             res[t] += np.float32(weights[t, j]) * (_expert_f32(down, e) @ act)
     if out is None:
         return res
@@ -198,12 +203,14 @@ def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out):
     return out
 
 
-def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
+def _blas(x, gate_up, down, uniq, offs, ptok, pw, out, dots):
     """Prefill path: one expert per pool thread, start to end: widen its weights into the
     thread's fp32 buffers, two single-threaded GEMMs, the weighted rows added into the thread's
     own sum (no two threads write one array); the sums are added at the end. Biggest groups
     first, so the last items are short."""
     I = logical_shape(down)[2]
+    x = rounded(x) if wants_int8(gate_up, dots) else x
+    act_rounding = (lambda a: rounded(a.T, parallel=False).T) if wants_int8(down, dots) else (lambda a: a)
 
     def scratch():
         return (np.zeros(out.shape, np.float32), np.empty(logical_shape(gate_up)[1:], np.float32),
@@ -215,7 +222,7 @@ def _blas(x, gate_up, down, uniq, offs, ptok, pw, out):
         acc, wgu, wd = st
         tok = ptok[offs[u]:offs[u + 1]]
         h = _as_f32(gate_up[uniq[u]], wgu) @ x[tok].T             # [2I,n]
-        act = _silu(h[:I]) * h[I:]                                # [I,n]
+        act = act_rounding(_silu(h[:I]) * h[I:])                  # [I,n]
         acc[tok] += (_as_f32(down[uniq[u]], wd) @ act).T * pw[offs[u]:offs[u + 1], None]
 
     order = np.argsort(-np.diff(offs), kind="stable")
@@ -235,7 +242,7 @@ def _as_f32(w, buf):
     return widen_rows(w, buf)
 
 
-def cpu(x, ids, weights, gate_up, down, out=None):
+def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
     """Same contract as ``ref``; numba GEMVs for few tokens per expert, BLAS for many."""
     x = np.ascontiguousarray(x, np.float32)
     T, H = x.shape
@@ -247,10 +254,10 @@ def cpu(x, ids, weights, gate_up, down, out=None):
         out = np.empty((T, H), np.float32)
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32), S)
     if plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0]):
-        return _blas(x, gate_up, down, *plan, out)
+        return _blas(x, gate_up, down, *plan, out, dots)
     if quantized:
         from freetoken.kernels.experts_quant import gemv
-        y = gemv(x, gate_up, down, *plan[:3], np.empty((H, plan[2].shape[0]), np.float32))
+        y = gemv(x, gate_up, down, *plan[:3], np.empty((H, plan[2].shape[0]), np.float32), dots)
         _combine(y, plan[2], plan[3], out)
         return out
     return _gemv(x, gate_up, down, *plan, out)

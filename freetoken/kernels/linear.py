@@ -3,6 +3,7 @@ tests/kernels/test_linear.py, bench/kernels/experts_cpu.py (its linear rows)."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
+from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
 from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
 from freetoken.kernels._blas_pool import run_items, workers
 from freetoken.kernels._numba import (HOT, SERIAL, dot, dots, from_bits, njit, prange, split_x,
@@ -13,12 +14,16 @@ BLAS_MIN_T = 32        # from this many tokens, widened fp32 blocks + BLAS beat 
 BLOCK_BYTES = 4 << 20  # fp32 bytes of one widened weight block: stays in the last-level cache
 
 
-def ref(x, w, out=None):
+def ref(x, w, out=None, *, dots="f32"):
     """x f32[T,K], w [M,K] (bf16 bits or float; quantized [M,K/V,B], kernels/qblocks.py; or a
-    tuple of such parts stacked along M, GGUF q/k/v of different formats) -> f32[T,M]."""
+    tuple of such parts stacked along M, GGUF q/k/v of different formats) -> f32[T,M].
+    dots="int8": x rounded as the int8 dots round it (kernels/qact.py) for a quantized w whose
+    format has them."""
     if isinstance(w, tuple):
-        return _parts(ref, x, w, out)
-    res = np.asarray(x, np.float32) @ (dequantize_ref(w) if is_quantized(w) else to_f32(w)).T
+        return _parts(ref, x, w, out, dots)
+    x = np.asarray(x, np.float32)
+    x = rounded_ref(x) if wants_int8(w, dots) else x
+    res = x @ (dequantize_ref(w) if is_quantized(w) else to_f32(w)).T
     if out is None:
         return res
     out[...] = res
@@ -127,14 +132,14 @@ def _rows_f32(w, buf):
     return widen_rows(w, buf)
 
 
-def _parts(op, x, parts: tuple, out):
+def _parts(op, x, parts: tuple, out, dots):
     """op over each part of a weight stacked along M, into its columns of out f32[T, sum M]."""
     sizes = [logical_shape(p)[0] for p in parts]
     if out is None:
         out = np.empty((np.asarray(x).shape[0], sum(sizes)), np.float32)
     at = 0
     for part, m in zip(parts, sizes):
-        out[:, at:at + m] = op(x, part)
+        out[:, at:at + m] = op(x, part, dots=dots)
         at += m
     return out
 
@@ -159,10 +164,10 @@ def _blas(x, w, out):
     return out
 
 
-def cpu(x, w, out=None):
+def cpu(x, w, out=None, *, dots="f32"):
     """Same contract as ``ref``: numba row GEMV for few tokens (decode), BLAS for many."""
     if isinstance(w, tuple):
-        return _parts(cpu, x, w, out)
+        return _parts(cpu, x, w, out, dots)
     x = np.ascontiguousarray(x, np.float32)
     T, K = x.shape
     M, Kw = logical_shape(w)
@@ -171,10 +176,10 @@ def cpu(x, w, out=None):
     if out is None:
         out = np.empty((T, M), np.float32)
     if T >= BLAS_MIN_T:
-        return _blas(x, w, out)
+        return _blas(rounded(x) if wants_int8(w, dots) else x, w, out)
     if is_quantized(w):
         from freetoken.kernels.linear_quant import gemv
-        return gemv(x, w, out)
+        return gemv(x, w, out, dots)
     rows = weight_rows(w)
     gemv = _gemv_pairs if rows.dtype == np.uint32 else _gemv
     gemv(split_x(x, rows), rows, np.arange(T, dtype=np.int32), out)

@@ -1,7 +1,8 @@
 """The linear op (kernels/linear.py's contract) over a quantized weight: w as a GGUF file stores
 it (kernels/qblocks.py), [M, K/V, B], read block by block. The spec is linear.ref on the weight
 dequantized by qblocks.dequantize_ref; the numba GEMV sums in another order (within fp32
-rounding). Many tokens (prefill) go through linear._blas, which dequantizes blocks of rows into a
+rounding). With int8 dots (kernels/qact.py) x is rounded first, once per call, and every row dot
+is qblocks.idot_row. Many tokens (prefill) go through linear._blas, which dequantizes blocks of rows into a
 pool thread's scratch (`dequant_rows`) for BLAS, as it widens bf16.
 
 Shape legend: T tokens, K inputs, M outputs (weight rows), V values per block, B block bytes.
@@ -9,21 +10,23 @@ Shape legend: T tokens, K inputs, M outputs (weight rows), V values per block, B
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qblocks import dequant_row, dot_row
+from freetoken.kernels.qact import dot_token, prepare, wants_int8
+from freetoken.kernels.qblocks import dequant_row
 from freetoken.kernels.qformats import format_of
 
 ROWS = 16            # weight rows per parallel work item
 
 
 @njit(**HOT)
-def _gemv(x, w, code, out):
-    """out[t, m] = row m . x[t]; each row's blocks read once per call for all T tokens (from L1)."""
-    M, T = w.shape[0], x.shape[0]
+def _gemv(xa, w, code, int8, out):
+    """out[t, m] = row m . x[t] (xa: qact.prepare); each row's blocks read once per call for all
+    T tokens (from L1)."""
+    M, T = w.shape[0], xa[0].shape[0]
     for item in prange((M + ROWS - 1) // ROWS):
         for m in range(item * ROWS, min(item * ROWS + ROWS, M)):
             row = w[m]
             for t in range(T):
-                out[t, m] = dot_row(row, code, x[t])
+                out[t, m] = dot_token(row, code, xa, t, int8)
 
 
 @njit(**SERIAL)
@@ -38,7 +41,8 @@ def dequant_rows(w, out):
     return out
 
 
-def gemv(x, w, out):
-    """x f32[T,K] (few tokens), w [M,K/V,B] -> out f32[T,M]."""
-    _gemv(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w), format_of(w).code, out)
+def gemv(x, w, out, dots="f32"):
+    """x f32[T,K] (few tokens), w [M,K/V,B] -> out f32[T,M]; dots: as qact.wants_int8."""
+    int8 = wants_int8(w, dots)
+    _gemv(prepare(x, w, int8), np.ascontiguousarray(w), format_of(w).code, int8, out)
     return out

@@ -9,6 +9,8 @@ V values (32; 256 for the K-quants), so a row holds K = NB*V values.
   dequant_row(row u8[NB,S], code, out f32[K])          bit-exact gguf-py ``dequantize``
   dot_row(row u8[NB,S], code, x f32[K]) -> f32          sum(dequant(row) * x), fp32 accumulation
   dot_rows(w u8[R,NB,S], code, x f32[K], out f32[R])    dot_row per row, parallel over rows
+  idot_row(row, code, xq i8[K], xd f32[K/32], xs)       dot_row of x rounded to 8 bits per 32
+                                                        values (kernels/qact.py), integer sums
 
 ``code`` is ``QuantFormat.code`` (an int, since numba kernels switch on it). Block layouts, in byte
 offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-block scales):
@@ -20,7 +22,8 @@ offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-bl
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
-from freetoken.kernels._simd import dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0
+from freetoken.kernels._simd import (dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, idot_q4_k, idot_q5_k,
+                                     idot_q6_k, idot_q8_0)
 from freetoken.kernels.qfp8 import dequant_fp8_row, dot_fp8_row
 
 # dequant_row reproduces gguf-py's float32 numpy arithmetic bit for bit, so it runs in gguf-py's
@@ -367,3 +370,29 @@ def dot_rows(w, code, x, out):
     xv = x.reshape(w.shape[1], _values(code))
     for r in prange(w.shape[0]):
         out[r] = _dot_xv(w[r], code, xv)
+
+
+# ---- int8 row dots: x rounded per 32 values (kernels/qact.py), exact integer sums -------------
+
+@njit(inline="always", **SERIAL)
+def idot_blocks(row, code, xq, xd, xs):
+    """idot_row with the rounded x already in blocks (xq i8[NB,V], xd, xs f32[NB,V/32]) and the
+    code checked by the caller (qact.dot_token: a reshape per row costs as much as a short dot)."""
+    if code == 4:
+        return idot_q8_0(row, xq, xd, xs)
+    if code == 7:
+        return idot_q4_k(row, xq, xd, xs)
+    if code == 8:
+        return idot_q5_k(row, xq, xd, xs)
+    return idot_q6_k(row, xq, xd, xs)
+
+
+@njit(**SERIAL)
+def idot_row(row, code, xq, xd, xs):
+    """dot_row of the rounded x (xq i8[K], xd and xs f32[K/32], C-contiguous) for the formats
+    with int8 dots (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k)."""
+    _check(code, row.shape[1])
+    if code != 4 and (code < 7 or code > 9):
+        raise ValueError("no int8 dot for this quantized format")
+    nb, v = row.shape[0], _values(code)
+    return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs.reshape(nb, v // 32))

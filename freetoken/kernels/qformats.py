@@ -18,6 +18,12 @@ class QuantFormat:
     nbytes: int    # bytes per block
     code: int      # the switch value of the numba kernels (the index in FORMATS)
 
+    @property
+    def int8_dots(self) -> bool:
+        """Whether the CPU kernels have int8 row dots for it (kernels/qact.py, qblocks.idot_row):
+        the formats of the usual GGUF files' big tensors."""
+        return self.name in ("q8_0", "q4_k", "q5_k", "q6_k")
+
 
 FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, ggml, values, nbytes)
                 in enumerate((("q4_0", 2, 32, 18), ("q4_1", 3, 32, 20), ("q5_0", 6, 32, 22),

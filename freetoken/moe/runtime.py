@@ -248,19 +248,20 @@ def host_pool_for(cfg: ModelConfig, banks, plan: MoEPlan, dev, log=None) -> Host
 
 
 def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, dev=None, cpu_op=None,
-              handoff: str = HANDOFF_MODE) -> MoERuntime:
+              handoff: str = HANDOFF_MODE, cpu_dots: str = "f32") -> MoERuntime:
     """The runtime the plan describes (engine/plan.py decides backend, slots and fetch policy; this
     builds, it does not decide). banks: a HostPool or the raw banks (host_pool_for). experts_op: the
     device's `experts` op (contract signature). log: a Logger or a callable(msg). dev: moe/device.py
     (default HostDevice). cpu_op: the CPU experts op; default experts_op on a host-memory device (it
-    runs on the CPU already, and on the ref backend stays the numpy spec), else kernels.experts.cpu."""
+    runs on the CPU already, and on the ref backend stays the numpy spec), else kernels.experts.cpu
+    with its quantized dots as cpu_dots says (kernels/qact.py)."""
     dev = dev if dev is not None else HostDevice()
     host = host_pool_for(cfg, banks, plan, dev, log)
     if plan.backend in CACHED and dev.needs_pinning and not host.pinned:
         raise ConfigError(f"moe {plan.backend} needs a pinned host expert pool; plan again with the pinning "
                           "failure known (engine/plan.py falls back to cpu)")
     if cpu_op is None:
-        cpu_op = experts_op if dev.host_memory else _kernel_cpu_op()
+        cpu_op = experts_op if dev.host_memory else _kernel_cpu_op(cpu_dots)
     where = f"moe {plan.backend} on {dev.name}" + _stored_as(host.banks)
     Log(log).info(f"{where}: {plan.slots} expert slots for {host.num_layers} layers x {cfg.num_experts} experts"
                   if plan.slots else where)
@@ -304,6 +305,8 @@ def _host_banks(cfg: ModelConfig, banks) -> tuple[HostPool | None, list[Bank]]:
     return host, raw
 
 
-def _kernel_cpu_op():
+def _kernel_cpu_op(cpu_dots: str):
+    from functools import partial
+
     from freetoken.kernels.experts import cpu
-    return cpu
+    return partial(cpu, dots=cpu_dots)

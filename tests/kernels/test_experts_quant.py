@@ -1,6 +1,7 @@
 """The experts op over quantized banks (kernels/experts_quant.py): the numba op against the spec
-(experts.ref on the blocks dequantized by gguf-py), decode and prefill paths, every format, mixed
-gate_up/down formats, strided slot views, and the runtime's byte slot pool."""
+(experts.ref on the blocks dequantized by gguf-py), decode and prefill paths, every format, fp32
+and int8 dots (kernels/qact.py), mixed gate_up/down formats, strided slot views, and the runtime's
+byte slot pool."""
 import numpy as np
 import pytest
 
@@ -21,22 +22,28 @@ def routing(rng, T, E, k=3):
     return ids, rng.random((T, k)).astype(np.float32)
 
 
+@pytest.mark.parametrize("dots", ["f32", "int8"])
 @pytest.mark.parametrize("fmt", [f.name for f in FORMATS])
 @pytest.mark.parametrize("T", [1, 3, 96])             # 96 tokens x 3 over 6 experts: the BLAS path
-def test_cpu_matches_the_spec(fmt, T):
+def test_cpu_matches_the_spec(fmt, T, dots):
     rng = np.random.default_rng(7)
     gate_up, down = bank(rng, fmt, fmt)
     ids, w = routing(rng, T, gate_up.shape[0])
     x = rng.standard_normal((T, 256)).astype(np.float32)
-    want = experts.ref(x, ids, w, gate_up, down)
+    want = experts.ref(x, ids, w, gate_up, down, dots=dots)
     dense = experts.ref(x, ids, w, dequantize_ref(gate_up), dequantize_ref(down))
-    np.testing.assert_array_equal(want, dense)         # the spec: the gguf-py values, fp32 math
-    got = experts.cpu(x, ids, w, gate_up, down)
+    if dots == "f32" or fmt not in ("q8_0", "q4_k", "q5_k", "q6_k"):
+        np.testing.assert_array_equal(want, dense)     # the spec: the gguf-py values, fp32 math
+    else:                                              # x and the activation rounded: close to it
+        assert not np.array_equal(want, dense)
+        np.testing.assert_allclose(want, dense, rtol=0, atol=0.03 * np.abs(dense).max())
+    got = experts.cpu(x, ids, w, gate_up, down, dots=dots)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("dots", ["f32", "int8"])
 @pytest.mark.parametrize("T", [2, 96])
-def test_gate_up_and_down_in_different_formats_through_strided_slots(T):
+def test_gate_up_and_down_in_different_formats_through_strided_slots(T, dots):
     """A Q4_K_M layer (down in Q6_K) read from a byte slot pool sized for a larger Q8_0 layer: the
     slots are strided, each slot's bytes read in the layer's own layout."""
     rng = np.random.default_rng(3)
@@ -49,8 +56,8 @@ def test_gate_up_and_down_in_different_formats_through_strided_slots(T):
         gate_up[slot], down[slot] = small.gate_up[e], small.down[e]
     ids, w = routing(rng, T, 6)
     x = rng.standard_normal((T, 256)).astype(np.float32)
-    want = experts.ref(x, ids, w, np.ascontiguousarray(gate_up), np.ascontiguousarray(down))
-    got = experts.cpu(x, ids, w, gate_up, down)
+    want = experts.ref(x, ids, w, np.ascontiguousarray(gate_up), np.ascontiguousarray(down), dots=dots)
+    got = experts.cpu(x, ids, w, gate_up, down, dots=dots)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     assert np.array_equal(pool[0][0, small.expert_bytes[0]:], np.zeros(large.expert_bytes[0] - small.expert_bytes[0], np.uint8))
 
@@ -64,3 +71,16 @@ def test_dense_and_quantized_banks_do_not_mix():
         check_banks([q, dense], 2, 64, 64)
     with pytest.raises(ValueError, match="expected gate_up"):
         check_banks([bank(rng, "q8_0", "q8_0", E=2, H=64, I=32)], 2, 64, 64)
+
+
+@pytest.mark.parametrize("dots", ["f32", "int8"])
+def test_no_tokens_and_no_routed_pairs(dots):
+    """The hybrid's CPU share is often empty: no tokens, or every pair routed elsewhere (-1)."""
+    rng = np.random.default_rng(4)
+    gate_up, down = bank(rng, "q4_k", "q6_k")
+    empty = experts.cpu(np.zeros((0, 256), np.float32), np.zeros((0, 3), np.int32),
+                        np.zeros((0, 3), np.float32), gate_up, down, dots=dots)
+    assert empty.shape == (0, 256)
+    none = experts.cpu(rng.standard_normal((2, 256)).astype(np.float32), np.full((2, 3), -1, np.int32),
+                       np.ones((2, 3), np.float32), gate_up, down, dots=dots)
+    np.testing.assert_array_equal(none, np.zeros((2, 256), np.float32))

@@ -56,8 +56,9 @@ def test_f32_and_quantized_files_match_transformers(kind, backend):
 
 def matches_transformers(path: Path, exp, backend: str, **options) -> None:
     """Teacher-forced logits within 2e-4 of transformers' (prefill too when recorded) and the same
-    32 greedy tokens (the GGUF, FP8 and hybrid parity tests all hold this)."""
-    llm, logits = logits_of(path, exp, backend, **options)
+    32 greedy tokens (the GGUF, FP8 and hybrid parity tests all hold this); with fp32 dots, the
+    numerics transformers has (the default int8 dots: test_int8_dots_are_the_int8_spec)."""
+    llm, logits = logits_of(path, exp, backend, **{"cpu_dots": "f32", **options})
     try:
         P = len(exp["prompt_ids"])
         if "prefill_logits" in exp:
@@ -184,6 +185,36 @@ def test_every_moe_backend_gives_the_same_tokens(moe, kind):
     assert got == want
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k_m", "q6_k"])
+def test_int8_dots_are_the_int8_spec(kind):
+    """The default --cpu-dots int8 (kernels/qact.py): the cpu backend gives the ref backend's greedy
+    tokens with the same rounding (the spec), and logits near it: within fp32 sums of each other
+    but for the rare value that rounds to the other side of a step, amplified by the layers (the
+    q8_0 fixture's random norm weights amplify most). The rounding itself moves the rows-of-256
+    models' logits by under 0.05 from transformers' fp32 numerics."""
+    path, expected = EXACT[kind]
+    exp = np.load(expected)
+    ids = np.concatenate([exp["prompt_ids"], exp["greedy_ids"][:-1]])
+    logits, tokens = {}, {}
+    for backend in ("ref", "cpu"):
+        llm = LLM(str(path), backend=backend, moe_backend="fused")
+        try:
+            assert llm.core.config.cpu_dots == "int8"
+            logits[backend] = teacher_forced_logits(llm, ids)
+            tokens[backend] = llm.generate([exp["prompt_ids"].tolist()],
+                                           SamplingParams(max_tokens=32, ignore_eos=True))[0].token_ids
+        finally:
+            llm.core.close()
+    assert tokens["cpu"] == tokens["ref"]
+    P, f32 = len(exp["prompt_ids"]), logits_of(path, exp, "ref", cpu_dots="f32")
+    f32[0].core.close()
+    assert not np.array_equal(logits["ref"], f32[1])                           # it does round
+    near = 0.25 if kind == "q8_0" else 0.05
+    np.testing.assert_allclose(logits["cpu"], logits["ref"], atol=near, rtol=0)
+    if kind != "q8_0":
+        np.testing.assert_allclose(logits["ref"][P - 1:], exp["step_logits"], atol=0.05, rtol=0)
+
+
 # --- bad files: one error each, naming the file and what is wrong --------------------------------
 
 def _write(path: Path, arch: str = "qwen3moe", tensor_type=None) -> Path:
@@ -302,6 +333,7 @@ def test_generate_and_serve_a_gguf_file():
     assert r.returncode == 0 and "generated tokens 4" in r.stderr, r.stderr[-2000:]
     assert "tensors kept in their blocks, none widened to f32 at load" in r.stderr, r.stderr[-2000:]
     assert "GGUF experts kept in the file's blocks (Q8_0)" in r.stderr, r.stderr[-2000:]
+    assert "quantized weights dotted in int8 (--cpu-dots)" in r.stderr, r.stderr[-2000:]
     assert served_name_after_two_sdk_answers(gguf("q8_0")) == "qwen3moe_norm-q8_0.gguf"
 
 
@@ -346,7 +378,7 @@ def test_the_cuda_backend_gives_transformers_tokens(kind, moe):
     from freetoken.kernels.qformats import is_quantized
     path, expected = EXACT[kind]
     exp = np.load(expected)
-    llm = LLM(str(path), backend="cuda", **MOE[moe])
+    llm = LLM(str(path), backend="cuda", cpu_dots="f32", **MOE[moe])   # the CPU experts in fp32 too
     try:
         layer = llm.core.weights.layers[0]
         assert is_quantized(layer.o_proj) and is_quantized(llm.core.weights.embed)   # not widened

@@ -1,0 +1,172 @@
+"""The LLVM IR of kernels/_simd.py's int8 row dots (``idot_*``) and their numba overloads. Imported
+only by _simd.register, once numba is loaded.
+
+The core step takes 32 unsigned quants u and 32 signed rounded x values s (kernels/qact.py) and
+adds 8 int32 lanes, lane i = sum of u*s over bytes 4i .. 4i+3: one VNNI vpdpbusd; on AVX2 two
+instructions (pmaddubsw to int16 pairs, then pmaddwd by ones: no pair overflows int16 here,
+|u| <= 128 and |s| <= 127); elsewhere widening multiplies and adds. Every path gives the same
+integers; which one is chosen from the features numba compiles for (``dot_path``), once per
+compile. The lanes are scaled to fp32 per 32 values (per 16 for q6_k) and carried across blocks
+in one fp32 vector, reduced once at the end.
+
+Shapes: row u8[NB,S]; xq i8[NB,V]; xd, xs f32[NB,V/32]; all C-contiguous.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from freetoken.kernels import _simd
+from freetoken.kernels._isa import int8_dot_path
+from freetoken.kernels._simd_ir import (F32, I8, I32, I64, _bytes, _contiguous, _fp16, _function,
+                                        _k4_coefficients, _lanes, _load, _same, _splat)
+
+I8x32, I16x16, I32x8 = ir.VectorType(I8, 32), ir.VectorType(ir.IntType(16), 16), ir.VectorType(I32, 8)
+ZERO8 = ir.Constant(I32x8, None)
+
+
+def dot_path(features: str) -> str:
+    """_isa.int8_dot_path of an LLVM feature string (numba's target machine's: '+avx2,-amx-int8,...')."""
+    return int8_dot_path({f[1:] for f in features.split(",") if f.startswith("+")})
+
+
+def idot(builder, u, s, acc, path):
+    """acc <8 x i32> + the 8 sums of 4 products of u <32 x i8> (unsigned) and s (signed)."""
+    if path == "vnni":
+        vpdpbusd = _function(builder, "llvm.x86.avx512.vpdpbusd.256", I32x8, [I32x8, I8x32, I8x32])
+        return builder.call(vpdpbusd, [acc, u, s])
+    if path == "avx2":
+        pairs = builder.call(_function(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [I8x32, I8x32]), [u, s])
+        quads = _function(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [I16x16, I16x16])
+        return builder.add(acc, builder.call(quads, [pairs, _same(16, 16, 1)]))
+    wide = ir.VectorType(I32, 32)
+    products = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
+    for j in range(4):
+        acc = builder.add(acc, _lanes(builder, products, range(j, 32, 4)))
+    return acc
+
+
+def _fma(builder, a, b, c):
+    vec = a.type
+    return builder.call(_function(builder, f"llvm.fma.v{vec.count}f32", vec, [vec] * 3), [a, b, c])
+
+
+def _float(builder, ints):
+    return builder.sitofp(ints, ir.VectorType(F32, ints.type.count))
+
+
+def _joined(builder, a, b):
+    """<n x T> a, b -> <2n x T> (a's lanes first)."""
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * a.type.count), list(range(2 * a.type.count))))
+
+
+def _q8_0(builder, ptrs, acc, path):
+    """acc <8 x float> + one q8_0 block: d * xd * (q . xq), the sign of q moved onto xq (vpdpbusd
+    wants one operand unsigned)."""
+    block, xq, xd, _ = ptrs
+    w, x = _bytes(builder, block, 2), _bytes(builder, xq, 0)
+    absolute = _function(builder, "llvm.abs.v32i8", I8x32, [I8x32, ir.IntType(1)])
+    u = builder.call(absolute, [w, ir.Constant(ir.IntType(1), 0)])
+    s = builder.select(builder.icmp_signed("<", w, ir.Constant(I8x32, None)), builder.neg(x), x)
+    scale = builder.fmul(_fp16(builder, block, 0), _load(builder, xd, 0, F32, 4))
+    return _fma(builder, _float(builder, idot(builder, u, s, ZERO8, path)), _splat(builder, scale, 8), acc)
+
+
+def _k45(builder, ptrs, acc, path, qh_at, qs_at):
+    """acc <16 x float> + one q4_k / q5_k block: per sub-block j, a_j * xd_j * (u . xq) minus
+    c_j * xs_j (lanes 0-7 of a pair of sub-blocks 2p, 8-15 2p + 1; the mins in lanes 0-7)."""
+    block, xq, xd, xs = ptrs
+    a8, c8 = _k4_coefficients(builder, block)
+    f8 = ir.VectorType(F32, 8)
+    ax = builder.fmul(a8, _load(builder, xd, 0, f8, 4))
+    high_bits = _bytes(builder, block, qh_at) if qh_at is not None else None
+    for p in range(4):
+        quants, sums = _bytes(builder, block, qs_at + 32 * p), []
+        for half, u in enumerate((builder.and_(quants, _same(8, 32, 15)), builder.lshr(quants, _same(8, 32, 4)))):
+            j = 2 * p + half
+            if high_bits is not None:
+                bit = builder.and_(builder.lshr(high_bits, _same(8, 32, j)), _same(8, 32, 1))
+                u = builder.or_(u, builder.shl(bit, _same(8, 32, 4)))
+            sums.append(idot(builder, u, _bytes(builder, xq, 32 * j), ZERO8, path))
+        acc = _fma(builder, _float(builder, _joined(builder, *sums)), _lanes(builder, ax, [2 * p] * 8 + [2 * p + 1] * 8), acc)
+    mins = builder.fmul(c8, _load(builder, xs, 0, f8, 4))
+    return builder.fsub(acc, _joined(builder, mins, ir.Constant(f8, None)))
+
+
+def _q4_k(builder, ptrs, acc, path):
+    return _k45(builder, ptrs, acc, path, None, 16)
+
+
+def _q5_k(builder, ptrs, acc, path):
+    return _k45(builder, ptrs, acc, path, 16, 48)
+
+
+def _q6_k_slices(builder, block, n):
+    """The 4 slices of 32 unsigned quants (0..63; the value is minus 32) of half n of a q6_k
+    block, in gguf-py's order: low 4 bits from ql, high 2 from qh."""
+    lo, hi, h = _bytes(builder, block, 64 * n), _bytes(builder, block, 64 * n + 32), _bytes(builder, block, 128 + 32 * n)
+    four, out = _same(8, 32, 4), []
+    for low, shift in ((lo, 0), (hi, 2), (builder.lshr(lo, four), 4), (builder.lshr(hi, four), 6)):
+        top = builder.shl(builder.and_(builder.lshr(h, _same(8, 32, shift)), _same(8, 32, 3)), four)
+        out.append(builder.or_(builder.and_(low, _same(8, 32, 15)), top))
+    return out
+
+
+def _q6_k(builder, ptrs, acc, path):
+    """acc <16 x float> + one q6_k block: per 16 values, d * scale_i * xd * ((u - 32) . xq)
+    (lanes 0-3, 4-7 of a slice: its two sub-blocks; two slices per fma)."""
+    block, xq, xd, _ = ptrs
+    a16 = builder.fmul(_float(builder, _bytes(builder, block, 192, 16)), _splat(builder, _fp16(builder, block, 208), 16))
+    xd8 = _load(builder, xd, 0, ir.VectorType(F32, 8), 4)
+    for n in range(2):
+        sums = []
+        for k, u in enumerate(_q6_k_slices(builder, block, n)):
+            x = _bytes(builder, xq, 128 * n + 32 * k)
+            bias = idot(builder, _same(8, 32, 32), x, ZERO8, path)
+            sums.append(idot(builder, u, x, builder.neg(bias), path))
+        for k in (0, 2):
+            s0, c = 8 * n + 2 * k, 4 * n + k
+            scale = builder.fmul(_lanes(builder, a16, [s0] * 4 + [s0 + 1] * 4 + [s0 + 2] * 4 + [s0 + 3] * 4),
+                                 _lanes(builder, xd8, [c] * 8 + [c + 1] * 8))
+            acc = _fma(builder, _float(builder, _joined(builder, sums[k], sums[k + 1])), scale, acc)
+    return acc
+
+
+def _int_row(context, builder, sig, args, shape, block_lanes):
+    """The row's blocks folded by block_lanes(builder, (block, xq, xd, xs pointers), acc, path),
+    one fp32 vector of `lanes` carried across blocks and reduced once."""
+    block_bytes, values, lanes = shape
+    arrays = [context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args)]
+    path, vec = dot_path(context.codegen()._tm_features), ir.VectorType(F32, lanes)
+    acc = cgutils.alloca_once_value(builder, ir.Constant(vec, None))
+    with cgutils.for_range(builder, builder.extract_value(arrays[0].shape, 0)) as loop:
+        ptrs = [builder.gep(a.data, [builder.mul(loop.index, ir.Constant(I64, n))])
+                for a, n in zip(arrays, (block_bytes, values, values // 32, values // 32))]
+        builder.store(block_lanes(builder, ptrs, builder.load(acc), path), acc)
+    total = _function(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", F32, [F32, vec])
+    return builder.call(total, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
+
+
+def _register_int_row(plain, shape, block_lanes):
+    """`plain(row, xq, xd, xs)` compiles to the int8 loop; a strided argument (a row of a strided
+    expert slot view) is copied contiguous first."""
+    @intrinsic
+    def int_row(typingctx, row, xq, xd, xs):
+        def codegen(context, builder, sig, args):
+            return _int_row(context, builder, sig, args, shape, block_lanes)
+        ok = (_contiguous(row, xq, xd, xs) and row.dtype == types.uint8 and xq.dtype == types.int8
+              and xd.dtype == types.float32 and xs.dtype == types.float32)
+        return (types.float32(row, xq, xd, xs), codegen) if ok else None
+
+    @overload(plain, inline="always")
+    def _plain(row, xq, xd, xs):
+        if _contiguous(row, xq, xd, xs):
+            return lambda row, xq, xd, xs: int_row(row, xq, xd, xs)
+        return lambda row, xq, xd, xs: int_row(np.ascontiguousarray(row), np.ascontiguousarray(xq),
+                                               np.ascontiguousarray(xd), np.ascontiguousarray(xs))
+
+
+for _plain_dot, _shape, _block in ((_simd.idot_q8_0, (34, 32, 8), _q8_0), (_simd.idot_q4_k, (144, 256, 16), _q4_k),
+                                   (_simd.idot_q5_k, (176, 256, 16), _q5_k), (_simd.idot_q6_k, (210, 256, 16), _q6_k)):
+    _register_int_row(_plain_dot, _shape, _block)

@@ -1,0 +1,134 @@
+"""Activations rounded to 8 bits per 32 values: what the int8 row dots of quantized weights read
+(kernels/_simd.py's ``idot_*``), the way llama.cpp's CPU path computes a GGUF file's dots.
+
+The rounding (``quantize_ref``, the spec; ``quantize`` here is bit-exact with it): for each 32
+consecutive values x of a row, in fp32,
+    d = max|x| / 127,   inv = 1 / d (0 when d is 0),   q = rint(x * inv) in [-127, 127] (int8)
+so the row stands for q * d. An int8 dot of a weight row w with it is then the spec's
+dot(dequantize(w), q * d): the sums over each 32 values are exact integers, each scaled once.
+``s`` = d * sum(q) per 32 values (fp32) rides along: the K-quants' block minimums need it.
+
+Which ops round: with ``dots="int8"`` (the engine's --cpu-dots, bound by backend.get_ops), the
+CPU ``linear`` and ``experts`` ops (cpu and ref: ref applies the same rounding, so it stays the
+spec) round their input before each weight whose format has int8 dots (``wants_int8``); the
+experts round the activation between gate_up and down too. The GEMVs then run the int8 dots, the
+BLAS path multiplies by the rounded values (``rounded``): one result, within fp32 rounding.
+
+Shape legend: T rows (tokens), K values per row (a multiple of 32), K/32 the groups.
+"""
+import numpy as np
+
+from freetoken.kernels._numba import SERIAL, njit, prange
+from freetoken.kernels.qblocks import dot_row, idot_blocks
+from freetoken.kernels.qformats import format_of, is_quantized
+
+DOTS = ("int8", "f32")         # the choices of --cpu-dots
+
+GROUP = 32                     # values that share one scale
+# without fastmath: the fp32 divisions and rint must be those of numpy (bit-exact with the ref)
+EXACT = dict(cache=True, nogil=True)
+
+
+def quantize_ref(x):
+    """x f32[T,K] -> (q int8[T,K], d f32[T,K/32], s f32[T,K/32]), numpy, the spec."""
+    x = np.asarray(x, np.float32)
+    g = x.reshape(x.shape[0], -1, GROUP)
+    d = (np.abs(g).max(axis=2) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(g * inv[:, :, None]), -127, 127).astype(np.int8)
+    s = (d * q.sum(axis=2, dtype=np.int32).astype(np.float32)).astype(np.float32)
+    return q.reshape(x.shape), d, s
+
+
+def dequantize_ref(q, d):
+    """The values q * d the int8 dots multiply by, f32[T,K]."""
+    g = q.reshape(q.shape[0], -1, GROUP).astype(np.float32) * d[:, :, None]
+    return g.reshape(q.shape)
+
+
+@njit(**EXACT)
+def _quantize_group(x, q, d, s, t, g):
+    amax = np.float32(0.0)
+    for i in range(g * GROUP, g * GROUP + GROUP):
+        amax = max(amax, abs(x[t, i]))
+    dg = amax / np.float32(127.0)
+    inv = np.float32(1.0) / dg if dg > 0 else np.float32(0.0)
+    total = 0
+    for i in range(g * GROUP, g * GROUP + GROUP):
+        v = min(max(np.rint(x[t, i] * inv), np.float32(-127.0)), np.float32(127.0))
+        q[t, i] = np.int8(v)
+        total += np.int32(v)
+    d[t, g] = dg
+    s[t, g] = dg * np.float32(total)
+
+
+@njit(parallel=True, **EXACT)
+def _quantize_many(x, q, d, s):
+    for t in prange(x.shape[0]):
+        for g in range(x.shape[1] // GROUP):
+            _quantize_group(x, q, d, s, t, g)
+
+
+@njit(**EXACT)
+def _quantize_few(x, q, d, s):
+    for t in range(x.shape[0]):
+        for g in range(x.shape[1] // GROUP):
+            _quantize_group(x, q, d, s, t, g)
+
+
+def quantize(x, parallel=None):
+    """quantize_ref's result, numba; parallel over rows unless told (default: from 9 rows: a
+    parallel region costs more than a few; a pool thread's caller says False)."""
+    x = np.ascontiguousarray(x, np.float32)
+    T, K = x.shape
+    if K % GROUP:
+        raise ValueError(f"int8 activations need a multiple of {GROUP} values per row, got {K}")
+    q = np.empty((T, K), np.int8)
+    d, s = np.empty((T, K // GROUP), np.float32), np.empty((T, K // GROUP), np.float32)
+    (_quantize_many if (T > 8 if parallel is None else parallel) else _quantize_few)(x, q, d, s)
+    return q, d, s
+
+
+def wants_int8(w, dots) -> bool:
+    """Whether an op in mode ``dots`` rounds its input before the weight w (a quantized format
+    with int8 dots)."""
+    if dots not in DOTS:
+        raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
+    return dots == "int8" and is_quantized(w) and format_of(w).int8_dots
+
+
+def rounded_ref(x):
+    """x f32[T,K] as the int8 dots see it: dequantize_ref(quantize_ref(x)) (the spec)."""
+    q, d, _ = quantize_ref(x)
+    return dequantize_ref(q, d)
+
+
+def rounded(x, parallel=None):
+    """rounded_ref(x), numba's rounding (the BLAS path's input in int8 mode)."""
+    q, d, _ = quantize(x, parallel)
+    return dequantize_ref(q, d)
+
+
+def prepare(x, w, int8):
+    """The tokens a GEMV kernel over weight w reads through ``dot_token``: (x f32[T,K], xq
+    i8[T,NB,V], xd f32[T,NB,V/32], xs), the rounded x in w's blocks, only when int8 (else empty
+    arrays: one compiled kernel serves both)."""
+    x = np.ascontiguousarray(x, np.float32)
+    if not int8:
+        return x, _NONE_I8, _NONE_F32, _NONE_F32
+    (T, K), V = x.shape, format_of(w).values
+    q, d, s = quantize(x)
+    return x, q.reshape(T, K // V, V), d.reshape(T, K // V, V // GROUP), s.reshape(T, K // V, V // GROUP)
+
+
+_NONE_I8, _NONE_F32 = np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32)
+
+
+@njit(inline="always", **SERIAL)
+def dot_token(row, code, xa, t, int8):
+    """row . token t of xa = prepare(x, w, int8): the int8 dot of its rounded values (w's format
+    has them: wants_int8), or dot_row."""
+    if int8:
+        return idot_blocks(row, code, xa[1][t], xa[2][t], xa[3][t])
+    return dot_row(row, code, xa[0][t])
