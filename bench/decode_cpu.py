@@ -56,11 +56,11 @@ def weight_stats(cfg, w) -> dict:
     arrays = {id(a): a for a in _arrays(w)}
     params = sum(a.size for a in arrays.values())
     k = cfg.num_experts_per_tok
-    per_token = w.embed.shape[1] * w.embed.itemsize + w.final_norm.nbytes + w.lm_head.nbytes
+    per_token = w.embed[0].nbytes + w.final_norm.nbytes + _nbytes(w.lm_head)
     experts = 0
     for lw in w.layers:
         routed = {"gate_up", "down"} if lw.router is not None else set()
-        per_token += sum(a.nbytes for name, a in _layer_arrays(lw) if name not in routed)
+        per_token += sum(_nbytes(a) for name, a in _layer_arrays(lw) if name not in routed)
         if routed:
             experts += k * (lw.gate_up[0].nbytes + lw.down[0].nbytes)
     state = 0
@@ -72,15 +72,20 @@ def weight_stats(cfg, w) -> dict:
                 state_bytes=int(state))
 
 
+def _nbytes(a) -> int:
+    """Bytes of a weight, or of a tuple of parts (a GGUF q/k/v in formats of its own)."""
+    return sum(p.nbytes for p in a) if isinstance(a, tuple) else a.nbytes
+
+
 def _layer_arrays(lw):
     """(field name, array) of every weight array of a layer (Qwen3-MoE or hybrid)."""
     return [(f.name, getattr(lw, f.name)) for f in dataclasses.fields(lw) if getattr(lw, f.name) is not None]
 
 
 def _arrays(w):
-    yield from (w.embed, w.final_norm, w.lm_head)
-    for lw in w.layers:
-        yield from (a for _, a in _layer_arrays(lw))
+    """Every weight array (each part of a stacked weight on its own)."""
+    for a in (w.embed, w.final_norm, w.lm_head, *(a for lw in w.layers for _, a in _layer_arrays(lw))):
+        yield from (a if isinstance(a, tuple) else (a,))
 
 
 def kv_bytes_per_token(cfg, kv_itemsize: int, context: int) -> int:
@@ -158,7 +163,8 @@ class OpTimer:
                 self.t[ph][name] += dt
                 self.n[ph][name] += 1
                 if by_shape:
-                    sub = f"  {name} {list(a[1].shape)}"
+                    parts = a[1] if isinstance(a[1], tuple) else (a[1],)
+                    sub = f"  {name} {' + '.join(str(list(p.shape)) for p in parts)}"
                     self.t[ph][sub] += dt
                     self.n[ph][sub] += 1
         return timed
