@@ -11,6 +11,7 @@ from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._blas_pool import workers
 from freetoken.cupy_loader import cupy as load_cupy
 from freetoken.kernels import attention_decode, attention_tiles
+from freetoken.kernels._numba import SERIAL, njit
 
 TILED_MIN = 32   # query tokens of one sequence in a step from which tiled GEMMs beat the kernel
 
@@ -36,26 +37,50 @@ def ref(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
 
 
 def _check(q, k_cache, slot_table, tok_seq, tok_pos):
-    """The kernel does not bounds-check: validate every slot it will read, once per sequence."""
+    """The kernel does not bounds-check: validate every slot it will read, once per sequence
+    (in numba: a decode step's numpy calls here cost more than its attention at short context)."""
     T, Hq, D = q.shape
     N, G, _ = k_cache.shape
     assert k_cache.shape[2] == D and Hq % G == 0, (q.shape, k_cache.shape)
     if T == 0:
         return
-    B, C = slot_table.shape
-    if not (0 <= tok_seq.min() and tok_seq.max() < B and 0 <= tok_pos.min() and tok_pos.max() < C):
+    bad = _first_bad_sequence(np.ascontiguousarray(slot_table, np.int32), np.ascontiguousarray(tok_seq, np.int32),
+                              np.ascontiguousarray(tok_pos, np.int32), N)
+    if bad == -2:
         raise IndexError("attention: tok_seq or tok_pos outside slot_table")
-    for s in np.unique(tok_seq):
-        used = slot_table[s, :tok_pos[tok_seq == s].max() + 1]
-        if not (0 <= used.min() and used.max() < N):
-            raise IndexError(f"attention: sequence {s} reads a slot outside [0, {N})")
+    if bad >= 0:
+        raise IndexError(f"attention: sequence {bad} reads a slot outside [0, {N})")
+
+
+@njit(**SERIAL)
+def _first_bad_sequence(slot_table, tok_seq, tok_pos, n_slots):
+    """-1 when every slot the tokens read (slot_table[s, :last position of s + 1]) is in
+    [0, n_slots); else the first sequence that reads one outside, or -2 for a token whose
+    sequence or position is outside slot_table."""
+    B, C = slot_table.shape
+    last = np.full(B, -1, np.int64)
+    for t in range(tok_seq.shape[0]):
+        s, p = tok_seq[t], tok_pos[t]
+        if s < 0 or s >= B or p < 0 or p >= C:
+            return -2
+        last[s] = max(last[s], p)
+    for s in range(B):
+        for j in range(last[s] + 1):
+            if slot_table[s, j] < 0 or slot_table[s, j] >= n_slots:
+                return s
+    return -1
 
 
 def _by_path(tok_seq):
     """Step tokens of sequences with >= TILED_MIN of them (prefill) and the rest (decode)."""
+    if tok_seq.shape[0] < TILED_MIN:           # no sequence can have that many: all decode
+        return _NO_TOKENS, np.arange(tok_seq.shape[0])
     counts = np.bincount(tok_seq)
     tiled = counts[tok_seq] >= TILED_MIN
     return np.flatnonzero(tiled), np.flatnonzero(~tiled)
+
+
+_NO_TOKENS = np.empty(0, np.int64)
 
 
 def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):

@@ -79,11 +79,14 @@ def test_ref_matches_masked_float64_attention():
 
 def test_bad_slot_raises():
     k_cache = np.zeros((4, 1, 32), np.float32)
-    table = np.array([[0, 1, 9]], np.int32)
+    table = np.array([[0, 1, 2], [0, 1, 9]], np.int32)
     q = np.zeros((1, 1, 32), np.float32)
-    with pytest.raises(IndexError):
-        attention.cpu(q, k_cache, k_cache, table, np.zeros(1, np.int32), np.array([2], np.int32),
-                      1.0)
+    with pytest.raises(IndexError, match="sequence 1 reads a slot outside"):
+        attention.cpu(q, k_cache, k_cache, table, np.ones(1, np.int32), np.array([2], np.int32), 1.0)
+    attention.cpu(q, k_cache, k_cache, table, np.ones(1, np.int32), np.array([1], np.int32), 1.0)   # slots 0, 1
+    for seq, pos in ((2, 0), (0, 3), (-1, 0), (0, -1)):
+        with pytest.raises(IndexError, match="outside slot_table"):
+            attention.cpu(q, k_cache, k_cache, table, np.array([seq], np.int32), np.array([pos], np.int32), 1.0)
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
