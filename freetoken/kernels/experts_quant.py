@@ -18,7 +18,7 @@ pairs, V values per block, B block bytes.
 import numpy as np
 
 from freetoken.kernels._activations import silu_mul
-from freetoken.kernels._numba import HOT, njit, prange
+from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels.qact import dot_token, prepare, wants_int8
 from freetoken.kernels.qformats import format_of
 
@@ -26,19 +26,28 @@ ROWS = 32            # rows per parallel work item, as in experts.py
 
 
 @njit(**HOT)
-def _gate_up(xa, gu, code, int8, uniq, offs, ptok, act):
-    """act[p, i] = silu(gate_i . x) * (up_i . x) for every pair p; gu uint8[S,2I,H/V,B]; xa:
-    qact.prepare(x)."""
-    I = act.shape[1]
-    nib = (I + ROWS - 1) // ROWS
+def _gate_up(xa, gu, code, int8, uniq, offs, ptok, h):
+    """h[p, r] = row r of pair p's expert . x, for all 2I rows (gate, then up); gu
+    uint8[S,2I,H/V,B]; xa: qact.prepare(x). A plain row loop, as the dense GEMV's: computing a
+    gate row and its up row together, with the silu between, ran 1.4x slower (int8 dots, Zen 4)."""
+    R = h.shape[1]
+    nib = (R + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nib):
-        u, i0 = item // nib, (item % nib) * ROWS
+        u, r0 = item // nib, (item % nib) * ROWS
         e = uniq[u]
-        for i in range(i0, min(i0 + ROWS, I)):
-            g_row, u_row = gu[e, i], gu[e, I + i]
+        for r in range(r0, min(r0 + ROWS, R)):
+            row = gu[e, r]
             for p in range(offs[u], offs[u + 1]):
-                t = ptok[p]
-                act[p, i] = silu_mul(dot_token(g_row, code, xa, t, int8), dot_token(u_row, code, xa, t, int8))
+                h[p, r] = dot_token(row, code, xa, ptok[p], int8)
+
+
+@njit(**SERIAL)
+def _swiglu(h, act):
+    """act[p, i] = silu(h[p, i]) * h[p, I + i]."""
+    I = act.shape[1]
+    for p in range(act.shape[0]):
+        for i in range(I):
+            act[p, i] = silu_mul(h[p, i], h[p, I + i])
 
 
 @njit(**HOT)
@@ -60,7 +69,9 @@ def gemv(x, gate_up, down, uniq, offs, ptok, y, dots="f32"):
     """Few tokens per expert: y f32[H,P] = each pair's expert output (unweighted) for experts._plan's
     groups (uniq, offs, ptok); experts.py weights and adds them. dots: as qact.wants_int8."""
     int8_gu, int8_dn = wants_int8(gate_up, dots), wants_int8(down, dots)
+    h = np.empty((ptok.shape[0], gate_up.shape[1]), np.float32)            # [P,2I]
+    _gate_up(prepare(x, gate_up, int8_gu), gate_up, format_of(gate_up).code, int8_gu, uniq, offs, ptok, h)
     act = np.empty((ptok.shape[0], gate_up.shape[1] // 2), np.float32)     # [P,I]
-    _gate_up(prepare(x, gate_up, int8_gu), gate_up, format_of(gate_up).code, int8_gu, uniq, offs, ptok, act)
+    _swiglu(h, act)
     _down(prepare(act, down, int8_dn), down, format_of(down).code, int8_dn, uniq, offs, y)
     return y
