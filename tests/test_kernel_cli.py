@@ -68,6 +68,26 @@ def test_describe_names_the_dot_product_instructions_present(monkeypatch):
     assert "int8 dots by VNNI vpdpbusd" in _isa.describe() and "unused" not in _isa.describe()
 
 
+@pytest.mark.parametrize("op,shape,dtype,dots", [
+    ("linear", "T=2,K=512,M=40", "q4_k", "int8"), ("linear", "T=1,K=256,M=33", "q6_k", "f32"),
+    ("experts", "T=3,H=256,I=256,S=5,k=2", "q8_0", "int8"), ("experts", "T=1,H=256,I=256,S=4,k=2", "q5_k", "int8"),
+    ("linear", "T=2,K=256,M=16", "q4_0", "int8"), ("embedding", "T=3,H=256,V=20", "q6_k", "int8")])
+def test_quantized_weights_check_and_bench_name_the_dots(op, shape, dtype, dots, capsys):
+    """--dtype a block format: random blocks; --dots picks the linear / experts dots on both ref
+    and cpu (where the format has int8 ones), and the bench line names the instructions."""
+    assert main(["kernel", op, "--check", "--bench", "--shape", shape, "--dtype", dtype, "--dots", dots,
+                 "--iters", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    int8_format = dtype in ("q8_0", "q4_k", "q5_k", "q6_k") and op != "embedding"
+    assert (f"dtype {dtype}, {dots} dots: {op}.cpu" in out) == int8_format, out
+    assert "PASS" in out and "FAIL" not in out and "int8 dots by " in out
+
+
+def test_a_quantized_dtype_for_an_op_without_weights_is_refused(capsys):
+    assert main(["kernel", "rms_norm", "--dtype", "q4_k", "--device", "cpu"]) == 1
+    assert "only embedding, linear, experts take one" in capsys.readouterr().err
+
+
 def test_bad_shape_is_an_error():
     assert main(["kernel", "rms_norm", "--shape", "Q=3"]) == 1
     with pytest.raises(ValueError):

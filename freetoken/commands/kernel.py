@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import importlib
 import time
+from functools import partial
 
 import numpy as np
 from freetoken.cupy_loader import cupy as load_cupy
 
 
 def register(sub) -> None:
-    from freetoken.kernels.cases import OPS
+    from freetoken.kernels.cases import BLOCK_DTYPES, OPS
+    from freetoken.kernels.qact import DOTS
     p = sub.add_parser("kernel", help="check one op's kernel against its numpy reference; time it")
     p.add_argument("op", choices=sorted(OPS), help="op module in freetoken/kernels/")
     p.add_argument("--check", action="store_true",
@@ -21,8 +23,12 @@ def register(sub) -> None:
                    help="time it: GB/s and TFLOP/s, against the device's peak on a GPU")
     p.add_argument("--shape", default="", metavar="NAME=N,...",
                    help="override the op's default dims, e.g. T=7,H=4096 (the report shows all)")
-    p.add_argument("--dtype", choices=("bf16", "f32"), default="bf16",
-                   help="weight / KV cache dtype (default: bf16)")
+    p.add_argument("--dtype", choices=("bf16", "f32") + BLOCK_DTYPES, default="bf16",
+                   help="weight / KV cache dtype; a quantized format (q4_k, ...) for the weights of "
+                        "embedding, linear and experts (random blocks) (default: bf16)")
+    p.add_argument("--dots", choices=DOTS, default="int8",
+                   help="cpu linear and experts over q8_0/q4_k/q5_k/q6_k: int8 rounds the activations "
+                        "(the engine's --cpu-dots default; ref rounds alike), f32 does not (default: int8)")
     p.add_argument("--iters", type=int, default=100,
                    help="calls per timing; one CUDA graph on a GPU (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default: 0)")
@@ -60,12 +66,15 @@ def run(args) -> int:
     case = cases.build(args.op, parse_dims(args.shape), args.dtype, np.random.default_rng(args.seed))
     device, why = pick_device(args.device)
     impl = "gpu" if device == "cuda" else "cpu"
-    fn = getattr(importlib.import_module(f"freetoken.kernels.{args.op}"), impl, None)
+    module = importlib.import_module(f"freetoken.kernels.{args.op}")
+    fn, ref = getattr(module, impl, None), module.ref
     if fn is None:
         raise RuntimeError(f"{args.op} has no {impl} version yet")
-    dims = " ".join(f"{k}={v}" for k, v in case.dims.items())
-    print(f"{args.op} [{dims}] dtype {args.dtype}: {args.op}.{impl} ({why})")
-    ok = check(fn, case, device) if args.check or not args.bench else True
+    dims, dots = " ".join(f"{k}={v}" for k, v in case.dims.items()), ""
+    if impl == "cpu" and args.op in ("linear", "experts") and _has_int8_dots(args.dtype):
+        fn, ref, dots = partial(fn, dots=args.dots), partial(ref, dots=args.dots), f", {args.dots} dots"
+    print(f"{args.op} [{dims}] dtype {args.dtype}{dots}: {args.op}.{impl} ({why})")
+    ok = check(fn, ref, case, device) if args.check or not args.bench else True
     if args.bench:
         bench(fn, case, device, max(1, args.iters))
     return 0 if ok else 1
@@ -73,16 +82,22 @@ def run(args) -> int:
 
 # --- check -----------------------------------------------------------------------------------
 
-def check(fn, case, device) -> bool:
-    """Run ref and fn on the same inputs; one line per result array; True when all are within
+def _has_int8_dots(dtype: str) -> bool:
+    from freetoken.kernels.qformats import FORMATS
+    return any(f.name == dtype and f.int8_dots for f in FORMATS)
+
+
+def check(fn, ref_fn, case, device) -> bool:
+    """Run ref_fn and fn on the same inputs; one line per result array; True when all are within
     the case's tolerance (integer results must match exactly)."""
     from freetoken.kernels import cases
-    module = importlib.import_module(f"freetoken.kernels.{case.op}")
-    expect = case.results(*cases.run(module.ref, case, np))
+    expect = case.results(*cases.run(ref_fn, case, np))
     got = case.results(*cases.run(fn, case, _xp(device)))
     ok = True
     for name, ref in expect.items():
-        line, good = compare(name, cases.to_host(ref), cases.to_host(got[name]), *case.tol)
+        ref = cases.to_host(ref)
+        atol = case.tol[0] * (float(np.abs(ref).max()) if case.atol_of_max and ref.size else 1.0)
+        line, good = compare(name, ref, cases.to_host(got[name]), atol, case.tol[1])
         print(("  PASS " if good else "  FAIL ") + line)
         ok = ok and good
     return ok

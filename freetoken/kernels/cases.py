@@ -15,6 +15,10 @@ from typing import Callable
 import numpy as np
 
 from freetoken.kernels._bf16 import from_f32
+from freetoken.kernels.qformats import FORMATS, random_blocks
+
+BLOCK_DTYPES = tuple(f.name for f in FORMATS)    # --dtype q4_k, ...: weights in a quantized format
+BLOCK_OPS = ("embedding", "linear", "experts")   # the ops whose weights may be one
 
 
 @dataclass(frozen=True)
@@ -27,15 +31,24 @@ class Case:
     nbytes: int
     flops: int = 0
     tol: tuple = field(default=(1e-4, 1e-4))   # (atol, rtol) for float results; ints exact
+    atol_of_max: bool = False      # atol is a fraction of the result's largest magnitude
 
 
 def _weights(rng, shape, dtype, scale=1.0):
+    if dtype in BLOCK_DTYPES:          # random blocks (rows of shape[-1] values): speed and agreement only
+        return random_blocks(dtype, shape[:-1], shape[-1], rng)
     w = (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
     return from_f32(w) if dtype == "bf16" else w
 
 
 def _wb(dtype):
     return 2 if dtype == "bf16" else 4
+
+
+def _tol(dtype, tol):
+    """Case fields of a result's tolerance: a block format's random weights give sums of any size,
+    so their atol is 1e-4 of the result's largest magnitude (the kernel tests' bound)."""
+    return dict(tol=(1e-4, 1e-4), atol_of_max=True) if dtype in BLOCK_DTYPES else dict(tol=tol)
 
 
 def _out(shape, dtype=np.float32):
@@ -49,8 +62,9 @@ def _only_out(ins, out):
 def _embedding(d, dtype, rng):
     T, H, V = d["T"], d["H"], d["V"]
     ids = rng.integers(0, V, T).astype(np.int32)
-    return Case("embedding", d, (ids, _weights(rng, (V, H), dtype)), _out((T, H)), _only_out,
-                nbytes=T * H * (_wb(dtype) + 4) + 4 * T, tol=(0, 0))
+    table = _weights(rng, (V, H), dtype)
+    return Case("embedding", d, (ids, table), _out((T, H)), _only_out,
+                nbytes=T * (table[0].nbytes + 4 * H) + 4 * T, tol=(0, 0))
 
 
 def _rms_norm(d, dtype, rng):
@@ -177,7 +191,7 @@ def _linear(d, dtype, rng):
     T, K, M = d["T"], d["K"], d["M"]
     x, w = _weights(rng, (T, K), "f32"), _weights(rng, (M, K), dtype, K ** -0.5)
     return Case("linear", d, (x, w), _out((T, M)), _only_out,
-                nbytes=M * K * _wb(dtype) + 4 * T * (K + M), flops=2 * T * K * M, tol=(1e-3, 1e-3))
+                nbytes=w.nbytes + 4 * T * (K + M), flops=2 * T * K * M, **_tol(dtype, (1e-3, 1e-3)))
 
 
 def _attention(d, dtype, rng):
@@ -202,8 +216,8 @@ def _experts(d, dtype, rng):
     gate_up, down = _weights(rng, (S, 2 * I, H), dtype, H ** -0.5), _weights(rng, (S, H, I), dtype, I ** -0.5)
     used = np.unique(ids[ids >= 0]).size
     return Case("experts", d, (x, ids, w, gate_up, down), _out((T, H)), _only_out,
-                nbytes=used * 3 * I * H * _wb(dtype) + 8 * T * H,
-                flops=6 * int((ids >= 0).sum()) * I * H, tol=(1e-3, 1e-3))
+                nbytes=used * (gate_up[0].nbytes + down[0].nbytes) + 8 * T * H,
+                flops=6 * int((ids >= 0).sum()) * I * H, **_tol(dtype, (1e-3, 1e-3)))
 
 
 def _gdn_rule(d, dtype, rng):
@@ -256,6 +270,9 @@ OPS = {  # op -> (default dims, builder)
 def build(op: str, dims: dict | None = None, dtype: str = "bf16", rng=None) -> Case:
     """A fresh Case; ``dims`` override the op's defaults by name (unknown names raise)."""
     defaults, builder = OPS[op]
+    if dtype in BLOCK_DTYPES and op not in BLOCK_OPS:
+        raise ValueError(f"{op}: --dtype {dtype} is a quantized weight format; only {', '.join(BLOCK_OPS)} "
+                         "take one")
     unknown = set(dims or ()) - set(defaults)
     if unknown:
         raise ValueError(f"{op}: unknown dims {sorted(unknown)}; expected {sorted(defaults)}")
