@@ -19,17 +19,19 @@ import numpy as np
 
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qact import dot_token, prepare, wants_int8
+from freetoken.kernels.qact import dot_token, prepared, wants_int8
+from freetoken.kernels.qblocks import values_of
 from freetoken.kernels.qformats import format_of
 
 ROWS = 32            # rows per parallel work item, as in experts.py
 
 
 @njit(**HOT)
-def _gate_up(xa, gu, code, int8, uniq, offs, ptok, h):
-    """h[p, r] = row r of pair p's expert . x, for all 2I rows (gate, then up); gu
-    uint8[S,2I,H/V,B]; xa: qact.prepare(x). A plain row loop, as the dense GEMV's: computing a
-    gate row and its up row together, with the silu between, ran 1.4x slower (int8 dots, Zen 4)."""
+def _gate_up(x, gu, code, int8, uniq, offs, ptok, h):
+    """h[p, r] = row r of pair p's expert . x (rounded first when int8), for all 2I rows (gate,
+    then up); gu uint8[S,2I,H/V,B]. A plain row loop, as the dense GEMV's: computing a gate row
+    and its up row together, with the silu between, ran 1.4x slower (int8 dots, Zen 4)."""
+    xa = prepared(x, values_of(code), int8)
     R = h.shape[1]
     nib = (R + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nib):
@@ -51,9 +53,10 @@ def _swiglu(h, act):
 
 
 @njit(**HOT)
-def _down(aa, dn, code, int8, uniq, offs, y):
-    """y[h, p] = down_h . act[p] of pair p's expert; dn uint8[S,H,I/V,B], y f32[H,P]; aa:
-    qact.prepare(act)."""
+def _down(act, dn, code, int8, uniq, offs, y):
+    """y[h, p] = down_h . act[p] of pair p's expert (act rounded first when int8); dn
+    uint8[S,H,I/V,B], y f32[H,P]."""
+    aa = prepared(act, values_of(code), int8)
     H = y.shape[0]
     nhb = (H + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nhb):
@@ -70,8 +73,8 @@ def gemv(x, gate_up, down, uniq, offs, ptok, y, dots="f32"):
     groups (uniq, offs, ptok); experts.py weights and adds them. dots: as qact.wants_int8."""
     int8_gu, int8_dn = wants_int8(gate_up, dots), wants_int8(down, dots)
     h = np.empty((ptok.shape[0], gate_up.shape[1]), np.float32)            # [P,2I]
-    _gate_up(prepare(x, gate_up, int8_gu), gate_up, format_of(gate_up).code, int8_gu, uniq, offs, ptok, h)
+    _gate_up(x, gate_up, format_of(gate_up).code, int8_gu, uniq, offs, ptok, h)
     act = np.empty((ptok.shape[0], gate_up.shape[1] // 2), np.float32)     # [P,I]
     _swiglu(h, act)
-    _down(prepare(act, down, int8_dn), down, format_of(down).code, int8_dn, uniq, offs, y)
+    _down(act, down, format_of(down).code, int8_dn, uniq, offs, y)
     return y

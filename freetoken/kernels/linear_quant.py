@@ -10,18 +10,19 @@ Shape legend: T tokens, K inputs, M outputs (weight rows), V values per block, B
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qact import dot_token, prepare, wants_int8
-from freetoken.kernels.qblocks import dequant_row
+from freetoken.kernels.qact import dot_token, prepared, wants_int8
+from freetoken.kernels.qblocks import dequant_row, values_of
 from freetoken.kernels.qformats import format_of
 
 ROWS = 16            # weight rows per parallel work item
 
 
 @njit(**HOT)
-def _gemv(xa, w, code, int8, out):
-    """out[t, m] = row m . x[t] (xa: qact.prepare); each row's blocks read once per call for all
-    T tokens (from L1)."""
-    M, T = w.shape[0], xa[0].shape[0]
+def _gemv(x, w, code, int8, out):
+    """out[t, m] = row m . x[t] (rounded first when int8); each row's blocks read once per call
+    for all T tokens (from L1)."""
+    xa = prepared(x, values_of(code), int8)
+    M, T = w.shape[0], x.shape[0]
     for item in prange((M + ROWS - 1) // ROWS):
         for m in range(item * ROWS, min(item * ROWS + ROWS, M)):
             row = w[m]
@@ -44,5 +45,5 @@ def dequant_rows(w, out):
 def gemv(x, w, out, dots="f32"):
     """x f32[T,K] (few tokens), w [M,K/V,B] -> out f32[T,M]; dots: as qact.wants_int8."""
     int8 = wants_int8(w, dots)
-    _gemv(prepare(x, w, int8), np.ascontiguousarray(w), format_of(w).code, int8, out)
+    _gemv(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w), format_of(w).code, int8, out)
     return out

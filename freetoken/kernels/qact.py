@@ -110,25 +110,29 @@ def rounded(x, parallel=None):
     return dequantize_ref(q, d)
 
 
-def prepare(x, w, int8):
-    """The tokens a GEMV kernel over weight w reads through ``dot_token``: (x f32[T,K], xq
-    i8[T,NB,V], xd f32[T,NB,V/32], xs), the rounded x in w's blocks, only when int8 (else empty
-    arrays: one compiled kernel serves both)."""
-    x = np.ascontiguousarray(x, np.float32)
-    if not int8:
-        return x, _NONE_I8, _NONE_F32, _NONE_F32
-    (T, K), V = x.shape, format_of(w).values
-    q, d, s = quantize(x)
-    return x, q.reshape(T, K // V, V), d.reshape(T, K // V, V // GROUP), s.reshape(T, K // V, V // GROUP)
-
-
-_NONE_I8, _NONE_F32 = np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32)
+@njit(**EXACT)
+def prepared(x, values, int8):
+    """The tokens a GEMV kernel reads through ``dot_token``, made inside the kernel (a numba call
+    and three numpy allocations from Python cost more than this at decode): (x f32[T,K], xq
+    i8[T,K/V,V], xd f32[T,K/V,V/32], xs), x rounded in blocks of V values when int8, else empty
+    arrays (one compiled kernel serves both). Compiled without fastmath, as quantize_ref rounds."""
+    T, K = x.shape
+    nb = K // values
+    if int8:
+        q = np.empty((T, K), np.int8)
+        d, s = np.empty((T, K // GROUP), np.float32), np.empty((T, K // GROUP), np.float32)
+        for t in range(T):
+            for g in range(K // GROUP):
+                _quantize_group(x, q, d, s, t, g)
+        groups = values // GROUP
+        return x, q.reshape((T, nb, values)), d.reshape((T, nb, groups)), s.reshape((T, nb, groups))
+    return x, np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0), np.float32)
 
 
 @njit(inline="always", **SERIAL)
 def dot_token(row, code, xa, t, int8):
-    """row . token t of xa = prepare(x, w, int8): the int8 dot of its rounded values (w's format
-    has them: wants_int8), or dot_row."""
+    """row . token t of xa = prepared(x, V, int8): the int8 dot of its rounded values (the row's
+    format has them: wants_int8), or dot_row."""
     if int8:
         return idot_blocks(row, code, xa[1][t], xa[2][t], xa[3][t])
     return dot_row(row, code, xa[0][t])

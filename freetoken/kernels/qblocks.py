@@ -48,7 +48,7 @@ def _check(code, nbytes):
 
 
 @njit(inline="always", **EXACT)
-def _values(code):
+def values_of(code):
     """Values per block of format ``code`` (qformats.FORMATS)."""
     return 32 if code <= 4 else (128 if code == 10 else 256)
 
@@ -182,7 +182,7 @@ def _dq_k45(row, out, qh):
 def dequant_row(row, code, out):
     """out f32[NB*V] = the values of row u8[NB,S] in format ``code`` (bit-exact gguf-py)."""
     _check(code, row.shape[1])
-    if out.shape[0] != row.shape[0] * _values(code):
+    if out.shape[0] != row.shape[0] * values_of(code):
         raise ValueError("dequant_row: out must hold NB*V values")
     if code == 10:
         dequant_fp8_row(row, out)
@@ -360,14 +360,14 @@ def dot_row(row, code, x):
     """sum(dequant(row) * x) for row u8[NB,S] in format ``code``, x f32[NB*V] (C-contiguous);
     fp32 accumulation, the blocks read in place."""
     _check(code, row.shape[1])
-    return _dot_xv(row, code, x.reshape(row.shape[0], _values(code)))
+    return _dot_xv(row, code, x.reshape(row.shape[0], values_of(code)))
 
 
 @njit(**HOT)
 def dot_rows(w, code, x, out):
     """out[r] = dot_row(w[r], code, x) for w u8[R,NB,S], x f32[NB*V], out f32[R]."""
     _check(code, w.shape[2])
-    xv = x.reshape(w.shape[1], _values(code))
+    xv = x.reshape(w.shape[1], values_of(code))
     for r in prange(w.shape[0]):
         out[r] = _dot_xv(w[r], code, xv)
 
@@ -394,5 +394,5 @@ def idot_row(row, code, xq, xd, xs):
     _check(code, row.shape[1])
     if code != 4 and (code < 7 or code > 9):
         raise ValueError("no int8 dot for this quantized format")
-    nb, v = row.shape[0], _values(code)
+    nb, v = row.shape[0], values_of(code)
     return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs.reshape(nb, v // 32))

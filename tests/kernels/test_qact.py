@@ -39,6 +39,21 @@ def test_quantize_is_bit_exact_with_the_spec(T):
     np.testing.assert_array_equal(qact.rounded(x), qact.rounded_ref(x))
 
 
+@pytest.mark.parametrize("values", [32, 256])
+def test_the_kernels_own_rounding_is_the_spec_in_blocks(values):
+    """prepared(): what the GEMV kernels round inside themselves, bit for bit quantize_ref, in
+    blocks of the weight's V values; without int8 only x (and empty arrays)."""
+    x = activations(np.random.default_rng(values), 3, 512)
+    x_, q, d, s = qact.prepared(x, values, True)
+    want = qact.quantize_ref(x)
+    assert x_ is x or np.array_equal(x_, x)
+    assert q.shape == (3, 512 // values, values) and d.shape == s.shape == (3, 512 // values, values // 32)
+    np.testing.assert_array_equal(q.reshape(3, -1), want[0])
+    for got, spec in ((d, want[1]), (s, want[2])):
+        assert np.array_equal(got.reshape(3, -1).view(np.uint32), spec.view(np.uint32))
+    assert [a.size for a in qact.prepared(x, values, False)[1:]] == [0, 0, 0]
+
+
 def test_a_row_that_is_not_groups_of_32_is_refused():
     with pytest.raises(ValueError, match="multiple of 32"):
         qact.quantize(np.zeros((1, 48), np.float32))
