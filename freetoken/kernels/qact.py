@@ -25,8 +25,10 @@ from freetoken.kernels.qformats import format_of, is_quantized
 DOTS = ("int8", "f32")         # the choices of --cpu-dots
 
 GROUP = 32                     # values that share one scale
-# without fastmath: the fp32 divisions and rint must be those of numpy (bit-exact with the ref)
-EXACT = dict(cache=True, nogil=True)
+# without fastmath: the fp32 divisions and rint must be those of numpy (bit-exact with the ref).
+# Said explicitly: numba compiles a callee that leaves fastmath unset with its caller's, and the
+# GEMV kernels (fastmath) call `prepared` (a division by 127 became a multiply: 1 ulp off)
+EXACT = dict(cache=True, nogil=True, fastmath=False)
 
 
 def quantize_ref(x):

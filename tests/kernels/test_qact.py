@@ -54,6 +54,31 @@ def test_the_kernels_own_rounding_is_the_spec_in_blocks(values):
     assert [a.size for a in qact.prepared(x, values, False)[1:]] == [0, 0, 0]
 
 
+def test_the_rounding_stays_exact_when_a_fastmath_kernel_compiles_it_first(tmp_path):
+    """numba compiles a callee without its own fastmath setting with its caller's: a fresh cache,
+    the int8 GEMV (fastmath) compiled before anything else, then the rounding checked bit for
+    bit, inside the GEMV and called alone."""
+    import subprocess
+    import sys
+    code = """
+import numpy as np
+from freetoken.kernels import linear_quant, qact, qformats
+rng = np.random.default_rng(0)
+w = qformats.random_blocks("q4_k", (8,), 256, rng)
+x = (rng.standard_normal((3, 256)) * 3).astype(np.float32)
+out = np.empty((3, 8), np.float32)
+linear_quant.gemv(x, w, out, "int8")
+want = qact.quantize_ref(x)
+for got in (qact.quantize(x), qact.prepared(x, 256, True)[1:]):
+    for g, s in zip(got, want):
+        assert np.array_equal(g.reshape(s.shape).view(np.uint8), s.view(np.uint8)), (g, s)
+print("exact")
+"""
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "exact" in r.stdout, r.stderr[-3000:]
+
+
 def test_a_row_that_is_not_groups_of_32_is_refused():
     with pytest.raises(ValueError, match="multiple of 32"):
         qact.quantize(np.zeros((1, 48), np.float32))
