@@ -7,10 +7,10 @@ the same sums in another order (a block's scale applied once to its sub-block do
 matches within fp32 rounding, as the dense numba op does.
 
 Few tokens per expert (decode): every row is read once per call by qblocks.dot_row, in work
-items of (expert, ROWS rows) as the dense GEMV does; with int8 dots (kernels/qact.py) by
-qblocks.idot_row, x rounded once per call and each pair's activation once before down. Many (prefill): experts._blas, each expert
-dequantized into its pool thread's fp32 scratch (linear_quant.dequant_rows: one expert at a time,
-never a whole bank) and multiplied by BLAS.
+items of (expert, ROWS rows) as the dense GEMV does; with int8 dots (kernels/qact.py) by the
+int8 ones, x rounded once per call and each pair's activation once before down. Many (prefill):
+experts._blas, each expert dequantized into its pool thread's fp32 scratch
+(linear_quant.dequant_rows: one expert at a time, never a whole bank) and multiplied by BLAS.
 
 Shape legend: T tokens, H hidden, k routed, I expert width, S slots (or experts), P routed
 pairs, V values per block, B block bytes.

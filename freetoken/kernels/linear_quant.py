@@ -1,9 +1,10 @@
 """The linear op (kernels/linear.py's contract) over a quantized weight: w as a GGUF file stores
 it (kernels/qblocks.py), [M, K/V, B], read block by block. The spec is linear.ref on the weight
 dequantized by qblocks.dequantize_ref; the numba GEMV sums in another order (within fp32
-rounding). With int8 dots (kernels/qact.py) x is rounded first, once per call, and every row dot
-is qblocks.idot_row. Many tokens (prefill) go through linear._blas, which dequantizes blocks of rows into a
-pool thread's scratch (`dequant_rows`) for BLAS, as it widens bf16.
+rounding). With int8 dots (kernels/qact.py) x is rounded first, once per call, inside the
+kernel, and every row dot is an int8 one. Many tokens (prefill) go through linear._blas, which
+dequantizes blocks of rows into a pool thread's scratch (`dequant_rows`) for BLAS, as it widens
+bf16.
 
 Shape legend: T tokens, K inputs, M outputs (weight rows), V values per block, B block bytes.
 """

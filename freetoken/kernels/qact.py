@@ -19,7 +19,8 @@ Shape legend: T rows (tokens), K values per row (a multiple of 32), K/32 the gro
 import numpy as np
 
 from freetoken.kernels._numba import SERIAL, njit, prange
-from freetoken.kernels.qblocks import dot_row, idot_blocks
+from freetoken.kernels._simd import idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0
+from freetoken.kernels.qblocks import check_code, dot_row, values_of
 from freetoken.kernels.qformats import format_of, is_quantized
 
 DOTS = ("int8", "f32")         # the choices of --cpu-dots
@@ -138,3 +139,29 @@ def dot_token(row, code, xa, t, int8):
     if int8:
         return idot_blocks(row, code, xa[1][t], xa[2][t], xa[3][t])
     return dot_row(row, code, xa[0][t])
+
+
+# ---- the int8 row dots: a row in its blocks against the rounded x, exact integer sums ---------
+
+@njit(inline="always", **SERIAL)
+def idot_blocks(row, code, xq, xd, xs):
+    """idot_row with the rounded x already in blocks (xq i8[NB,V], xd, xs f32[NB,V/32]) and the
+    code checked by the caller (dot_token: a reshape per row costs as much as a short dot)."""
+    if code == 4:
+        return idot_q8_0(row, xq, xd, xs)
+    if code == 7:
+        return idot_q4_k(row, xq, xd, xs)
+    if code == 8:
+        return idot_q5_k(row, xq, xd, xs)
+    return idot_q6_k(row, xq, xd, xs)
+
+
+@njit(**SERIAL)
+def idot_row(row, code, xq, xd, xs):
+    """qblocks.dot_row of the rounded x (xq i8[K], xd and xs f32[K/32], C-contiguous) for the
+    formats with int8 dots (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k)."""
+    check_code(code, row.shape[1])
+    if code != 4 and (code < 7 or code > 9):
+        raise ValueError("no int8 dot for this quantized format")
+    nb, v = row.shape[0], values_of(code)
+    return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs.reshape(nb, v // 32))

@@ -9,8 +9,8 @@ V values (32; 256 for the K-quants), so a row holds K = NB*V values.
   dequant_row(row u8[NB,S], code, out f32[K])          bit-exact gguf-py ``dequantize``
   dot_row(row u8[NB,S], code, x f32[K]) -> f32          sum(dequant(row) * x), fp32 accumulation
   dot_rows(w u8[R,NB,S], code, x f32[K], out f32[R])    dot_row per row, parallel over rows
-  idot_row(row, code, xq i8[K], xd f32[K/32], xs)       dot_row of x rounded to 8 bits per 32
-                                                        values (kernels/qact.py), integer sums
+
+The int8 row dots (x rounded to 8 bits per 32 values, integer sums) are kernels/qact.py's.
 
 ``code`` is ``QuantFormat.code`` (an int, since numba kernels switch on it). Block layouts, in byte
 offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-block scales):
@@ -22,8 +22,7 @@ offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-bl
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
-from freetoken.kernels._simd import (dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, idot_q4_k, idot_q5_k,
-                                     idot_q6_k, idot_q8_0)
+from freetoken.kernels._simd import dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0
 from freetoken.kernels.qfp8 import dequant_fp8_row, dot_fp8_row
 
 # dequant_row reproduces gguf-py's float32 numpy arithmetic bit for bit, so it runs in gguf-py's
@@ -40,7 +39,7 @@ EXACT = dict(cache=True, nogil=True)
 # narrows the whole bit-extraction to bytes (else its vectors hold 8 int64 lanes, 2-3x slower).
 
 @njit(inline="always", **EXACT)
-def _check(code, nbytes):
+def check_code(code, nbytes):
     """Raise unless ``code`` is a format whose blocks are ``nbytes`` long (the kernels read and
     write at offsets computed from ``code`` alone, unchecked)."""
     if code < 0 or code > 10 or nbytes != (18, 20, 22, 24, 34, 84, 110, 144, 176, 210, 132)[code]:
@@ -181,7 +180,7 @@ def _dq_k45(row, out, qh):
 @njit(**EXACT)
 def dequant_row(row, code, out):
     """out f32[NB*V] = the values of row u8[NB,S] in format ``code`` (bit-exact gguf-py)."""
-    _check(code, row.shape[1])
+    check_code(code, row.shape[1])
     if out.shape[0] != row.shape[0] * values_of(code):
         raise ValueError("dequant_row: out must hold NB*V values")
     if code == 10:
@@ -351,7 +350,7 @@ def _dot_xv(row, code, xv):
         return _dot_q4_k(row, xv)
     if code == 8:
         return _dot_q5_k(row, xv)
-    return _dot_q6_k(row, xv)   # code 9; callers _check first: a raise here, inlined into
+    return _dot_q6_k(row, xv)   # code 9; callers check_code first: a raise here, inlined into
     #                             dot_rows' prange body, would keep it from running in parallel
 
 
@@ -359,40 +358,15 @@ def _dot_xv(row, code, xv):
 def dot_row(row, code, x):
     """sum(dequant(row) * x) for row u8[NB,S] in format ``code``, x f32[NB*V] (C-contiguous);
     fp32 accumulation, the blocks read in place."""
-    _check(code, row.shape[1])
+    check_code(code, row.shape[1])
     return _dot_xv(row, code, x.reshape(row.shape[0], values_of(code)))
 
 
 @njit(**HOT)
 def dot_rows(w, code, x, out):
     """out[r] = dot_row(w[r], code, x) for w u8[R,NB,S], x f32[NB*V], out f32[R]."""
-    _check(code, w.shape[2])
+    check_code(code, w.shape[2])
     xv = x.reshape(w.shape[1], values_of(code))
     for r in prange(w.shape[0]):
         out[r] = _dot_xv(w[r], code, xv)
 
-
-# ---- int8 row dots: x rounded per 32 values (kernels/qact.py), exact integer sums -------------
-
-@njit(inline="always", **SERIAL)
-def idot_blocks(row, code, xq, xd, xs):
-    """idot_row with the rounded x already in blocks (xq i8[NB,V], xd, xs f32[NB,V/32]) and the
-    code checked by the caller (qact.dot_token: a reshape per row costs as much as a short dot)."""
-    if code == 4:
-        return idot_q8_0(row, xq, xd, xs)
-    if code == 7:
-        return idot_q4_k(row, xq, xd, xs)
-    if code == 8:
-        return idot_q5_k(row, xq, xd, xs)
-    return idot_q6_k(row, xq, xd, xs)
-
-
-@njit(**SERIAL)
-def idot_row(row, code, xq, xd, xs):
-    """dot_row of the rounded x (xq i8[K], xd and xs f32[K/32], C-contiguous) for the formats
-    with int8 dots (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k)."""
-    _check(code, row.shape[1])
-    if code != 4 and (code < 7 or code > 9):
-        raise ValueError("no int8 dot for this quantized format")
-    nb, v = row.shape[0], values_of(code)
-    return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs.reshape(nb, v // 32))

@@ -20,7 +20,7 @@ class QuantFormat:
 
     @property
     def int8_dots(self) -> bool:
-        """Whether the CPU kernels have int8 row dots for it (kernels/qact.py, qblocks.idot_row):
+        """Whether the CPU kernels have int8 row dots for it (kernels/qact.py, qact.idot_row):
         the formats of the usual GGUF files' big tensors."""
         return self.name in ("q8_0", "q4_k", "q5_k", "q6_k")
 

@@ -1,11 +1,11 @@
 """kernels/qact.py: activations rounded to int8 per 32 values, and the int8 row dots that read them
-(kernels/_simd_int8.py through qblocks) against their spec, the dequantized row times the
+(kernels/_simd_int8.py through qact.idot_row) against their spec, the dequantized row times the
 rounded x; every instruction path this CPU can run gives the same integers."""
 import numpy as np
 import pytest
 from test_qblocks import blocks
 
-from freetoken.kernels import _simd, qact, qblocks, qformats
+from freetoken.kernels import _simd, qact, qformats
 
 INT8_FORMATS = [f.name for f in qformats.FORMATS if f.int8_dots]
 
@@ -108,7 +108,7 @@ def test_int8_row_dots_match_the_spec(name):
     for t in range(2):
         want = wf @ xr[t]
         tol = 1e-5 * float((np.abs(wf) @ np.abs(xr[t])).max())
-        got = [qblocks.idot_row(w[r], fmt.code, q[t], d[t], s[t]) for r in range(w.shape[0])]
+        got = [qact.idot_row(w[r], fmt.code, q[t], d[t], s[t]) for r in range(w.shape[0])]
         np.testing.assert_allclose(got, want, atol=tol, rtol=1e-5)
         spec = getattr(_simd, f"idot_{name}")
         np.testing.assert_allclose(spec(w[1], q[t], d[t], s[t]), want[1], rtol=1e-5)
@@ -118,7 +118,7 @@ def test_int8_row_dot_refuses_a_format_without_one():
     w = blocks(np.random.default_rng(1), "q4_0", 1, 2)
     q, d, s = qact.quantize(np.ones((1, 64), np.float32))
     with pytest.raises(ValueError, match="no int8 dot"):
-        qblocks.idot_row(w[0], qformats.format_named("q4_0").code, q[0], d[0], s[0])
+        qact.idot_row(w[0], qformats.format_named("q4_0").code, q[0], d[0], s[0])
 
 
 def _paths_here():
