@@ -83,8 +83,9 @@ def run(args) -> int:
 # --- check -----------------------------------------------------------------------------------
 
 def _has_int8_dots(dtype: str) -> bool:
-    from freetoken.kernels.qformats import FORMATS
-    return any(f.name == dtype and f.int8_dots for f in FORMATS)
+    from freetoken.kernels.cases import BLOCK_DTYPES
+    from freetoken.kernels.qformats import format_named
+    return dtype in BLOCK_DTYPES and format_named(dtype).int8_dots
 
 
 def check(fn, ref_fn, case, device) -> bool:

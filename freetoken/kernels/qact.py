@@ -124,9 +124,7 @@ def prepared(x, values, int8):
     if int8:
         q = np.empty((T, K), np.int8)
         d, s = np.empty((T, K // GROUP), np.float32), np.empty((T, K // GROUP), np.float32)
-        for t in range(T):
-            for g in range(K // GROUP):
-                _quantize_group(x, q, d, s, t, g)
+        _quantize_few(x, q, d, s)
         groups = values // GROUP
         return x, q.reshape((T, nb, values)), d.reshape((T, nb, groups)), s.reshape((T, nb, groups))
     return x, np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0), np.float32)
