@@ -76,14 +76,27 @@ class LlamaCppRuns:
         self.env = child_env(threads)
         self.depth = llamacpp.supports_depth(lc)
         self.record = None        # llama-bench's description of itself, from the first run
+        self.repack = True        # llama.cpp's own default: weights repacked for its AMX/AVX kernels
 
     def startup(self, text: str, tokens: int) -> dict:
-        cmd = llamacpp.completion_cmd(self.lc, self.gguf, self.threads, text, STARTUP_DECODE, self.max_len)
         read_through([self.gguf])
-        return _startup_numbers(run_child(cmd, self.env, self.timeout).check("llama-completion"))
+        run = run_child(self._completion(text, STARTUP_DECODE), self.env, self.timeout)
+        if run.returncode < 0 and not run.timed_out:
+            # killed by a signal at its default settings: on the Xeon VM its AMX kernels segfault on
+            # a Q4_K_M file (ggml_backend_amx_mul_mat); without repacking it runs its AVX-512 ones
+            print(f"# llama.cpp died of signal {-run.returncode} with its weights repacked (its AMX / "
+                  "repacked CPU kernels); running it with repacking off from here on", flush=True)
+            self.repack = False
+            run = run_child(self._completion(text, STARTUP_DECODE), self.env, self.timeout)
+        return {**_startup_numbers(run.check("llama-completion")), "repack": self.repack}
+
+    def _completion(self, text: str, n: int, session: Path | None = None) -> list:
+        cmd = llamacpp.completion_cmd(self.lc, self.gguf, self.threads, text, n, self.max_len, session)
+        return cmd + ([] if self.repack else ["--no-repack"])
 
     def _bench(self, prompt: int, gen: int, depth: int = 0) -> dict:
         cmd = llamacpp.bench_cmd(self.lc, self.gguf, self.threads, prompt, gen, depth)
+        cmd += [] if self.repack else ["--repack", 0]
         run = run_child(cmd, self.env, self.timeout).check("llama-bench")
         self.record = self.record or llamacpp.bench_record(run.stdout)
         return {"tok_s": llamacpp.bench_tok_s(run.stdout), "max_rss_bytes": run.max_rss_bytes}
@@ -97,7 +110,6 @@ class LlamaCppRuns:
     def greedy_ids(self, text: str, n: int) -> tuple[list, list]:
         with tempfile.TemporaryDirectory() as tmp:
             session = Path(tmp) / "session.bin"
-            cmd = llamacpp.completion_cmd(self.lc, self.gguf, self.threads, text, n, self.max_len, session)
-            run_child(cmd, self.env, self.timeout).check("llama-completion --prompt-cache")
+            run_child(self._completion(text, n, session), self.env, self.timeout).check("llama-completion --prompt-cache")
             ids = llamacpp.session_tokens(session)
         return ids[:-n], ids[-n:]

@@ -218,6 +218,7 @@ def main(argv=None) -> int:
 
     def save(samples, done):      # after every round: a run cut short still leaves its numbers
         result["llama_cpp"]["llama_bench_reports"] = engines[1].record
+        result["llama_cpp"]["repack"] = engines[1].repack      # False: its repacked kernels crashed here
         rows = report.summarize(samples)
         out.write_text(json.dumps({**result, "rounds_done": done, "rows": rows, "samples": samples},
                                   indent=1, default=str))

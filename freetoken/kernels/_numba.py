@@ -23,7 +23,8 @@ SERIAL = dict(fastmath=True, cache=True, nogil=True)              # small helper
 
 # the files whose overloads any kernel may inline: part of every kernel's cache stamp (below)
 _OVERLOAD_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-                          for name in ("_numba.py", "_simd.py", "_simd_ir.py", "_simd_int8.py"))
+                          for name in ("_numba.py", "_simd.py", "_simd_ir.py", "_simd_int8.py",
+                                        "_simd_itile.py"))
 
 _lock = threading.RLock()
 _numba = None

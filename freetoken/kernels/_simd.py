@@ -81,9 +81,44 @@ def idot_q6_k(row, xq, xd, xs):
     return _spec_idot(row, xq, xd, "Q6_K")
 
 
+def _spec_itile(row, xt, xd, first, out, ggml_type):
+    """The spec of the tile products: out[n] from tile first + n, each of its tokens (the rounded
+    x: xt's bytes, token l at 4l .. 4l+3 of every 64, times its xd) dotted with the dequantized
+    row by _spec_dot."""
+    nt, k4 = out.shape[0], xt.shape[1]
+    xt, xd = xt[first:first + nt], xd[first:first + nt]
+    q = np.asarray(xt, np.float32).reshape(nt, k4, 16, 4).transpose(0, 2, 1, 3).reshape(nt, 16, -1)
+    d = np.repeat(np.asarray(xd, np.float32).reshape(nt, -1, 16).transpose(0, 2, 1), 32, axis=2)
+    for n in range(nt):
+        for lane in range(16):
+            out[n, lane] = _spec_dot(row, q[n, lane] * d[n, lane], ggml_type)
+
+
+def itile_q8_0(row, xt, xd, xs, xb, first, out):
+    """out f32[NT,16]: the q8_0 row against tiles first .. first + NT of 16 tokens (kernels/_simd_itile.py: u = q + 128
+    against the rounded x, the tile's xb = -128 * sum(xq) added, d * xd per 32)."""
+    _spec_itile(row, xt, xd, first, out, "Q8_0")
+
+
+def itile_q4_k(row, xt, xd, xs, xb, first, out):
+    """itile_q8_0 for q4_k: per sub-block d*scale_j * xd * sum(u * xq) - dmin*min_j * xs."""
+    _spec_itile(row, xt, xd, first, out, "Q4_K")
+
+
+def itile_q5_k(row, xt, xd, xs, xb, first, out):
+    """itile_q4_k for q5_k."""
+    _spec_itile(row, xt, xd, first, out, "Q5_K")
+
+
+def itile_q6_k(row, xt, xd, xs, xb, first, out):
+    """itile_q8_0 for q6_k: per 16 values d*scale_i * xd * (sum(u * xq) + xb), xb = -32 * sum(xq)."""
+    _spec_itile(row, xt, xd, first, out, "Q6_K")
+
+
 def register(numba):
     """Compile-time overloads of the dots above (kernels/_simd_ir.py, _simd_int8.py; called once,
     when numba is loaded: importing those modules registers them)."""
     import importlib
     importlib.import_module("freetoken.kernels._simd_ir")
     importlib.import_module("freetoken.kernels._simd_int8")
+    importlib.import_module("freetoken.kernels._simd_itile")

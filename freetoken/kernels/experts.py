@@ -254,6 +254,10 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
         out = np.empty((T, H), np.float32)
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32), S)
     if plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0]):
+        if quantized:
+            from freetoken.kernels import experts_quant
+            if experts_quant.uses_gemm(gate_up, down, dots):
+                return experts_quant.gemm(x, gate_up, down, *plan, out)
         return _blas(x, gate_up, down, *plan, out, dots)
     if quantized:
         from freetoken.kernels.experts_quant import gemv

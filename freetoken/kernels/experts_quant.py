@@ -8,9 +8,10 @@ matches within fp32 rounding, as the dense numba op does.
 
 Few tokens per expert (decode): every row is read once per call by qblocks.dot_row, in work
 items of (expert, ROWS rows) as the dense GEMV does; with int8 dots (kernels/qact.py) by the
-int8 ones, x rounded once per call and each pair's activation once before down. Many (prefill):
-experts._blas, each expert dequantized into its pool thread's fp32 scratch
-(linear_quant.dequant_rows: one expert at a time, never a whole bank) and multiplied by BLAS.
+int8 ones, x rounded once per call and each pair's activation once before down. Many (prefill)
+with int8 dots on a CPU with VNNI: ``gemm``, int8 tile GEMMs (kernels/qgemm.py) in passes of
+about PASS_PAIRS pairs; otherwise experts._blas, each expert dequantized into its pool thread's
+fp32 scratch (linear_quant.dequant_rows: one expert at a time, never a whole bank) for BLAS.
 
 Shape legend: T tokens, H hidden, k routed, I expert width, S slots (or experts), P routed
 pairs, V values per block, B block bytes.
@@ -18,12 +19,15 @@ pairs, V values per block, B block bytes.
 import numpy as np
 
 from freetoken.kernels._activations import silu
+from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qact import dot_token, prepared, wants_int8
+from freetoken.kernels.qact import dot_token, prepared, quantize, wants_int8
 from freetoken.kernels.qblocks import values_of
 from freetoken.kernels.qformats import format_of
 
 ROWS = 32            # rows per parallel work item, as in experts.py
+PASS_PAIRS = 4096    # routed pairs per GEMM pass: bounds h [pairs, 2I] and the tiles (a prefill
+                     # chunk of 8192 tokens, top-8, would otherwise hold 65536 rows of each)
 
 
 @njit(**HOT)
@@ -79,3 +83,48 @@ def gemv(x, gate_up, down, uniq, offs, ptok, y, dots="f32"):
     _swiglu(h, act)
     _down(act, down, format_of(down).code, int8_dn, uniq, offs, y)
     return y
+
+
+def uses_gemm(gate_up, down, dots) -> bool:
+    """Whether many tokens go through ``gemm``: int8 dots on both banks, formats the tile GEMM
+    reads, and VNNI here (qgemm.fast_here)."""
+    return all(wants_int8(w, dots) and qgemm.supported(w) for w in (gate_up, down)) and qgemm.fast_here()
+
+
+@njit(**SERIAL)
+def _add_pairs(y, ptok, pw, out):
+    """out[ptok[p]] += pw[p] * y[p] (y f32[P,H]; contiguous rows, so the adds vectorize)."""
+    for p in range(y.shape[0]):
+        for h in range(y.shape[1]):
+            out[ptok[p], h] += pw[p] * y[p, h]
+
+
+def _pass(q, d, gate_up, down, uniq, offs, rows):
+    """y f32[P,H] = each pair's expert output (unweighted) for groups uniq of rows of the rounded
+    x (q, d): gate_up's tile GEMM, the silu, the activations rounded, down's tile GEMM."""
+    P, I = rows.shape[0], gate_up.shape[1] // 2
+    src, first = qgemm.lane_sources(offs, rows)
+    t = qgemm.tiles(q, d, src, format_of(gate_up).code)
+    h = qgemm.gemm(gate_up, t, uniq, offs, first, np.empty((P, 2 * I), np.float32), False)   # [P,2I]
+    act = np.empty((P, I), np.float32)
+    _swiglu(h, act)
+    qa, da, _ = quantize(act)
+    t = qgemm.tiles(qa, da, qgemm.lane_sources(offs, np.arange(P, dtype=np.int32))[0], format_of(down).code)
+    return qgemm.gemm(down, t, uniq, offs, first, np.empty((P, down.shape[1]), np.float32), False)
+
+
+def gemm(x, gate_up, down, uniq, offs, ptok, pw, out):
+    """Many tokens per expert (uses_gemm): out f32[T,H] = each token's experts weighted and
+    summed, for experts._plan's groups; x rounded once, the groups in passes of PASS_PAIRS."""
+    q, d, _ = quantize(x)
+    out[:] = 0
+    a = 0
+    while a < uniq.shape[0]:
+        b = a + 1
+        while b < uniq.shape[0] and offs[b + 1] - offs[a] <= PASS_PAIRS:
+            b += 1
+        pairs = slice(offs[a], offs[b])
+        y = _pass(q, d, gate_up, down, uniq[a:b], (offs[a:b + 1] - offs[a]).astype(np.int32), ptok[pairs])
+        _add_pairs(y, ptok[pairs], pw[pairs], out)
+        a = b
+    return out

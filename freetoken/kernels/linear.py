@@ -176,6 +176,10 @@ def cpu(x, w, out=None, *, dots="f32"):
     if out is None:
         out = np.empty((T, M), np.float32)
     if T >= BLAS_MIN_T:
+        if is_quantized(w):
+            from freetoken.kernels import linear_quant
+            if linear_quant.uses_gemm(w, dots):
+                return linear_quant.gemm(x, w, out)
         return _blas(rounded(x) if wants_int8(w, dots) else x, w, out)
     if is_quantized(w):
         from freetoken.kernels.linear_quant import gemv

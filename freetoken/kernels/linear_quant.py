@@ -2,16 +2,17 @@
 it (kernels/qblocks.py), [M, K/V, B], read block by block. The spec is linear.ref on the weight
 dequantized by qblocks.dequantize_ref; the numba GEMV sums in another order (within fp32
 rounding). With int8 dots (kernels/qact.py) x is rounded first, once per call, inside the
-kernel, and every row dot is an int8 one. Many tokens (prefill) go through linear._blas, which
-dequantizes blocks of rows into a pool thread's scratch (`dequant_rows`) for BLAS, as it widens
-bf16.
+kernel, and every row dot is an int8 one. Many tokens (prefill) with int8 dots on a CPU with
+VNNI: ``gemm``, the int8 tile GEMM (kernels/qgemm.py); otherwise linear._blas, which dequantizes
+blocks of rows into a pool thread's scratch (`dequant_rows`) for BLAS, as it widens bf16.
 
 Shape legend: T tokens, K inputs, M outputs (weight rows), V values per block, B block bytes.
 """
 import numpy as np
 
+from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qact import dot_token, prepared, wants_int8
+from freetoken.kernels.qact import dot_token, prepared, quantize, wants_int8
 from freetoken.kernels.qblocks import dequant_row, values_of
 from freetoken.kernels.qformats import format_of
 
@@ -48,3 +49,18 @@ def gemv(x, w, out, dots="f32"):
     int8 = wants_int8(w, dots)
     _gemv(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w), format_of(w).code, int8, out)
     return out
+
+
+def uses_gemm(w, dots) -> bool:
+    """Whether many tokens go through ``gemm`` (as experts_quant.uses_gemm)."""
+    return wants_int8(w, dots) and qgemm.supported(w) and qgemm.fast_here()
+
+
+def gemm(x, w, out):
+    """x f32[T,K] (many tokens), w [M,K/V,B] -> out f32[T,M] by the int8 tile GEMM: x rounded."""
+    q, d, _ = quantize(x)
+    T = x.shape[0]
+    offs = np.array([0, T], np.int32)
+    src, first = qgemm.lane_sources(offs, np.arange(T, dtype=np.int32))
+    t = qgemm.tiles(q, d, src, format_of(w).code)
+    return qgemm.gemm(np.ascontiguousarray(w)[None], t, np.zeros(1, np.int32), offs, first, out, False)

@@ -1,0 +1,127 @@
+"""Many tokens against quantized weights as an int8 GEMM: the prefill path of the linear and
+experts ops over a GGUF file's blocks when the dots are int8 (kernels/qact.py) and the CPU has
+VNNI. The tokens' rounded activations are laid out in tiles of 16 (``tiles``), and each weight
+row is multiplied against all of its tiles by ``_simd.itile_*`` (kernels/_simd_itile.py): every
+block unpacked once per call, 16 exact integer sums per vpdpbusd. Before it, prefill dequantized
+each expert to fp32 for BLAS (linear_quant.dequant_rows), a quarter of a Q4_K_M prefill.
+
+Spec: as the GEMV's int8 dots (the dequantized weight against the rounded x, q * d), so the ops'
+``ref`` with ``dots="int8"`` is the spec here too; fp32 math in another order.
+
+Shape legend: T tokens (or rows of x), K inputs, M weight rows, V values per block, B block
+bytes, P routed pairs, U experts used, N tiles of 16 lanes, G values per group (32; 16: q6_k).
+"""
+import numpy as np
+
+from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels._simd import itile_q4_k, itile_q5_k, itile_q6_k, itile_q8_0
+from freetoken.kernels.qformats import format_of, is_quantized
+
+LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
+ROWS = 16                                    # weight rows per parallel work item
+GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32)}   # format code -> (G, offset of u)
+
+
+def supported(w) -> bool:
+    """Whether w is in a format the tile GEMM reads (q8_0, q4_k, q5_k, q6_k)."""
+    return is_quantized(w) and format_of(w).code in GROUPS
+
+
+def fast_here() -> bool:
+    """Whether this CPU runs the tile GEMM on VNNI (elsewhere the widening fallback is exact
+    but slower than dequantize + BLAS, so the ops keep that)."""
+    from freetoken.kernels._isa import host
+    from freetoken.kernels._simd_itile import tile_path
+    return tile_path(",".join("+" + f for f in host()[1])) != "generic"
+
+
+@njit(**HOT)
+def _fill_tiles(q, q32, d, src, G, off, xt32, xd, xs, xb):
+    """Tile lane n*16 + l holds x's row src[n*16 + l] (or zeros: src < 0): its rounded values
+    4 at a time (q32 i32[T,K/4] into xt32 i32[N,K/4,16]: q and xt as words), scales, and per G
+    values xs = d * sum(q), xb = -off * sum(q)."""
+    for n in prange(xt32.shape[0]):
+        for lane in range(LANES):
+            t = src[n * LANES + lane]
+            if t < 0:
+                xt32[n, :, lane] = 0
+                xd[n, :, lane] = 0
+                xs[n, :, lane] = 0
+                xb[n, :, lane] = 0
+                continue
+            xt32[n, :, lane] = q32[t]
+            xd[n, :, lane] = d[t]
+            for g in range(xs.shape[1]):
+                total = 0
+                for i in range(g * G, g * G + G):
+                    total += np.int32(q[t, i])
+                xs[n, g, lane] = d[t, (g * G) // 32] * np.float32(total)
+                xb[n, g, lane] = -off * total
+
+
+def tiles(q, d, src, code):
+    """The tiles of rows src (int32[N*16], -1 for empty lanes) of a rounded x (q i8[T,K], d
+    f32[T,K/32]) for a weight in format `code`: (xt i8[N,K/4,16,4], xd, xs, xb)."""
+    G, off = GROUPS[code]
+    n, K = src.shape[0] // LANES, q.shape[1]
+    xt = np.empty((n, K // 4, LANES, 4), np.int8)
+    xd = np.empty((n, K // 32, LANES), np.float32)
+    xs, xb = np.empty((n, K // G, LANES), np.float32), np.empty((n, K // G, LANES), np.int32)
+    q = np.ascontiguousarray(q)
+    _fill_tiles(q, q.view(np.int32), np.ascontiguousarray(d), src, G, off,
+                xt.view(np.int32).reshape(n, K // 4, LANES), xd, xs, xb)
+    return xt, xd, xs, xb
+
+
+def lane_sources(offs, rows):
+    """(src int32[N*16], first int64[U+1]): group u's lanes start at tile first[u], its rows
+    rows[offs[u]:offs[u+1]] in order, its last tile padded with -1."""
+    counts = np.diff(offs)
+    first = np.concatenate([[0], np.cumsum((counts + LANES - 1) // LANES)]).astype(np.int64)
+    src = np.full(int(first[-1]) * LANES, -1, np.int32)
+    for u in range(counts.shape[0]):
+        src[first[u] * LANES:first[u] * LANES + counts[u]] = rows[offs[u]:offs[u + 1]]
+    return src, first
+
+
+@njit(inline="always", **SERIAL)
+def _itile(row, code, xt, xd, xs, xb, first, out):
+    if code == 4:
+        itile_q8_0(row, xt, xd, xs, xb, first, out)
+    elif code == 7:
+        itile_q4_k(row, xt, xd, xs, xb, first, out)
+    elif code == 8:
+        itile_q5_k(row, xt, xd, xs, xb, first, out)
+    else:
+        itile_q6_k(row, xt, xd, xs, xb, first, out)
+
+
+@njit(**HOT)
+def _gemm(w, code, t, uniq, offs, first, res, rows_first):
+    """For group u (weights w[uniq[u]] u8[M,K/V,B]), its lane j's product with row m:
+    res[m, offs[u] + j] when rows_first, else res[offs[u] + j, m]."""
+    xt, xd, xs, xb = t
+    M, U = w.shape[1], uniq.shape[0]
+    chunks = (M + ROWS - 1) // ROWS
+    for item in prange(U * chunks):
+        c, u = item // U, item % U                      # chunk-major: both threads see every group
+        m0, m1, p0, count = c * ROWS, min(c * ROWS + ROWS, M), offs[u], offs[u + 1] - offs[u]
+        out = np.empty((1, LANES), np.float32)
+        for n in range(first[u], first[u + 1]):        # a tile's 16 tokens stay in L1 for all rows
+            lanes = min(LANES, count - (n - first[u]) * LANES)
+            p = p0 + (n - first[u]) * LANES
+            for m in range(m0, m1):
+                _itile(w[uniq[u], m], code, xt, xd, xs, xb, n, out)
+                for j in range(lanes):
+                    if rows_first:
+                        res[m, p + j] = out[0, j]
+                    else:
+                        res[p + j, m] = out[0, j]
+
+
+def gemm(w, t, uniq, offs, first, res, rows_first):
+    """Each group's weights against its tiles t (``tiles``, lanes from ``lane_sources``): w
+    [S,M,K/V,B] (a quantized bank, groups reading slots uniq) -> res f32[M,P] when rows_first,
+    else [P,M]."""
+    _gemm(w, format_of(w).code, t, uniq, offs, first, res, rows_first)
+    return res

@@ -1,0 +1,78 @@
+"""kernels/qgemm.py: the int8 tile GEMM of quantized weights (kernels/_simd_itile.py) against its
+spec, the dequantized weights times the rounded activations, for every format it reads, through
+the grouped entry the experts use and on every vnni width this CPU can compile."""
+import numpy as np
+import pytest
+from test_qact import activations
+from test_qblocks import blocks
+
+from freetoken.kernels import _simd, qact, qformats, qgemm
+
+NAMES = ["q8_0", "q4_k", "q5_k", "q6_k"]
+
+
+def _bank(rng, name, S, M, K):
+    fmt = qformats.format_named(name)
+    return np.stack([blocks(rng, name, M, K // fmt.values) for _ in range(S)])
+
+
+def _want(w, x, uniq, offs, rows):
+    """float64 spec: [P, M], pair p of group u = dequantized w[uniq[u]] . rounded x[rows[p]]."""
+    xr = qact.rounded_ref(x).astype(np.float64)
+    want, scale = np.empty((rows.shape[0], w.shape[1])), np.empty((rows.shape[0], w.shape[1]))
+    for u, e in enumerate(uniq):
+        wf = qformats.dequantize_ref(w[e]).astype(np.float64)
+        for p in range(offs[u], offs[u + 1]):
+            want[p], scale[p] = wf @ xr[rows[p]], np.abs(wf) @ np.abs(xr[rows[p]])
+    return want, scale
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_grouped_tile_gemm_matches_the_spec(name):
+    """Three slots, two used, 21 and 17 tokens (a full tile and a ragged one each; tokens taken out
+    of order, one twice), both output layouts; random bytes, so every packed bit pattern occurs."""
+    rng = np.random.default_rng(7 + len(name))
+    K = 512 if name != "q8_0" else 96
+    w, x = _bank(rng, name, 3, 37, K), activations(rng, 30, K)
+    uniq, offs = np.array([2, 0], np.int32), np.array([0, 21, 38], np.int32)
+    rows = np.concatenate([rng.permutation(30)[:21], rng.permutation(30)[:16], [3]]).astype(np.int32)
+    q, d, _ = qact.quantize(x)
+    src, first = qgemm.lane_sources(offs, rows)
+    t = qgemm.tiles(q, d, src, qformats.format_of(w).code)
+    want, scale = _want(w, x, uniq, offs, rows)
+    got = qgemm.gemm(w, t, uniq, offs, first, np.full((38, 37), np.nan, np.float32), False)
+    np.testing.assert_allclose(got, want, atol=2e-6 * scale.max(), rtol=1e-5)
+    got_t = qgemm.gemm(w, t, uniq, offs, first, np.full((37, 38), np.nan, np.float32), True)
+    np.testing.assert_array_equal(got_t, got.T)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_python_spec_of_a_tile_agrees(name):
+    """_simd.itile_* run as Python (gguf-py's dequantize, then dots) give the compiled numbers."""
+    rng = np.random.default_rng(3)
+    fmt = qformats.format_named(name)
+    w = blocks(rng, name, 1, 2 if fmt.values == 256 else 8)
+    x = activations(rng, 20, w.shape[1] * fmt.values)
+    q, d, _ = qact.quantize(x)
+    src, first = qgemm.lane_sources(np.array([0, 20]), np.arange(20, dtype=np.int32))
+    t = qgemm.tiles(q, d, src, fmt.code)
+    spec = np.zeros((2, 16), np.float32)
+    getattr(_simd, f"itile_{name}")(w[0], *t, 0, spec)
+    got = qgemm.gemm(w[None], t, np.array([0], np.int32), np.array([0, 20], np.int32), first,
+                     np.empty((1, 20), np.float32), True)
+    np.testing.assert_allclose(got[0], spec.reshape(-1)[:20], rtol=2e-5, atol=1e-5 * np.abs(spec).max())
+
+
+def test_tiles_lay_tokens_out_four_values_a_lane():
+    q = np.arange(2 * 64, dtype=np.int64).reshape(2, 64).astype(np.int8)
+    d = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    src = np.full(16, -1, np.int32)
+    src[:3] = [1, 0, 1]
+    xt, xd, xs, xb = qgemm.tiles(q, d, src, qformats.format_named("q8_0").code)
+    assert xt.shape == (1, 16, 16, 4)
+    np.testing.assert_array_equal(xt[0, 5, 0], q[1, 20:24])
+    np.testing.assert_array_equal(xt[0, 5, 1], q[0, 20:24])
+    assert not xt[0, :, 3:].any() and not xd[0, :, 3:].any()
+    np.testing.assert_array_equal(xd[0, :, 2], d[1])
+    assert xb[0, 1, 1] == -128 * int(q[0, 32:].astype(np.int32).sum())
+    assert xs[0, 1, 1] == np.float32(2.0) * np.float32(q[0, 32:].astype(np.int32).sum())
