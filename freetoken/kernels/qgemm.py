@@ -18,7 +18,7 @@ from freetoken.kernels._simd import itile_q4_k, itile_q5_k, itile_q6_k, itile_q8
 from freetoken.kernels.qformats import format_of, is_quantized
 
 LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
-ROWS = 16                                    # weight rows per parallel work item
+ROWS = 32                                    # weight rows per parallel work item
 GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32)}   # format code -> (G, offset of u)
 
 

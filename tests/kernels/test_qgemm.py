@@ -76,3 +76,44 @@ def test_tiles_lay_tokens_out_four_values_a_lane():
     np.testing.assert_array_equal(xd[0, :, 2], d[1])
     assert xb[0, 1, 1] == -128 * int(q[0, 32:].astype(np.int32).sum())
     assert xs[0, 1, 1] == np.float32(2.0) * np.float32(q[0, 32:].astype(np.int32).sum())
+
+
+def _paths_here():
+    from freetoken.kernels._isa import host
+    from freetoken.kernels._simd_itile import tile_path
+    here = tile_path(",".join("+" + f for f in host()[1]))
+    return sorted({"generic", here} | ({"vnni"} if here == "vnni512" else set()))
+
+
+@pytest.mark.parametrize("path", _paths_here())
+def test_every_vnni_width_gives_the_same_integers(path):
+    """The 16 lane sums of one step (4 unsigned bytes in every lane against 64 signed ones) as each
+    path computes them, at the extremes the formats reach (u up to 255: q8_0's q + 128)."""
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    from freetoken.kernels import _simd_itile as it
+
+    @intrinsic
+    def lanes(typingctx, u, s, out):
+        def codegen(context, builder, sig, args):
+            ua, sa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args))
+            u4 = builder.load(builder.bitcast(ua.data, it.ir.VectorType(it.I8, 32).as_pointer()), align=1)
+            x = builder.load(builder.bitcast(sa.data, it.I8x64.as_pointer()), align=1)
+            acc = it.ir.Constant(it.I32x16, list(range(-8, 8)))
+            sums = it._vnni16(builder, acc, it._broadcast4(builder, u4, 3), x, path)
+            builder.store(sums, builder.bitcast(oa.data, it.I32x16.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.none(u, s, out), codegen
+
+    run = njit(lambda u, s, out: lanes(u, s, out))
+    rng = np.random.default_rng(5)
+    u = rng.integers(0, 256, 32).astype(np.uint8)
+    u[12:16] = 255
+    s = rng.integers(-127, 128, 64).astype(np.int8)
+    s[:4] = 127
+    s[4:8] = -127
+    out = np.zeros(16, np.int32)
+    run(u, s, out)
+    want = (u[12:16].astype(np.int32)[None, :] * s.astype(np.int32).reshape(16, 4)).sum(axis=1)
+    np.testing.assert_array_equal(out, want + np.arange(-8, 8))
