@@ -63,18 +63,24 @@ def test_describe_names_the_dot_product_instructions_present(monkeypatch):
         and "AMX-INT8" in line and "VNNI" not in line and "unused" in line and "int8 dots by widening" in line
     monkeypatch.setattr(_isa, "host", lambda: ("haswell", frozenset({"avx2", "fma"})))
     assert _isa.describe() == ("numba target haswell, AVX2+FMA (8 fp32 lanes), fp32 FMA, "
-                               "int8 dots by AVX2 pmaddubsw+pmaddwd")
+                               "int8 dots by AVX2 pmaddubsw+pmaddwd, quantized prefill by dequantize + fp32 "
+                               "BLAS (no vpdpbusd for the int8 tile GEMM)")
     monkeypatch.setattr(_isa, "host", lambda: ("znver4", frozenset({"avx512f", "avx512vl", "avx512vnni"})))
-    assert "int8 dots by VNNI vpdpbusd" in _isa.describe() and "unused" not in _isa.describe()
+    assert "int8 dots by VNNI vpdpbusd, quantized prefill by int8 tile GEMM, 512-bit" in _isa.describe()
+    assert "unused" not in _isa.describe()
+    monkeypatch.setattr(_isa, "host", lambda: ("alderlake", frozenset({"avx2", "fma", "avxvnni"})))
+    assert "quantized prefill by int8 tile GEMM, 256-bit vpdpbusd" in _isa.describe()
 
 
 @pytest.mark.parametrize("op,shape,dtype,dots", [
     ("linear", "T=2,K=512,M=40", "q4_k", "int8"), ("linear", "T=1,K=256,M=33", "q6_k", "f32"),
     ("experts", "T=3,H=256,I=256,S=5,k=2", "q8_0", "int8"), ("experts", "T=1,H=256,I=256,S=4,k=2", "q5_k", "int8"),
-    ("linear", "T=2,K=256,M=16", "q4_0", "int8"), ("embedding", "T=3,H=256,V=20", "q6_k", "int8")])
+    ("linear", "T=2,K=256,M=16", "q4_0", "int8"), ("embedding", "T=3,H=256,V=20", "q6_k", "int8"),
+    ("linear", "T=40,K=512,M=24", "q6_k", "int8"), ("experts", "T=80,H=256,I=256,S=4,k=2", "q4_k", "int8")])
 def test_quantized_weights_check_and_bench_name_the_dots(op, shape, dtype, dots, capsys):
     """--dtype a block format: random blocks; --dots picks the linear / experts dots on both ref
-    and cpu (where the format has int8 ones), and the bench line names the instructions."""
+    and cpu (where the format has int8 ones), and the bench line names the instructions; the
+    last two shapes have tokens enough for prefill's path (the int8 tile GEMM on VNNI)."""
     assert main(["kernel", op, "--check", "--bench", "--shape", shape, "--dtype", dtype, "--dots", dots,
                  "--iters", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -11,6 +11,8 @@ DOT_FEATURES = (("avx512bf16", "AVX512-BF16 bf16 dots"), ("avx512vnni", "AVX512-
                 ("avxvnni", "AVX-VNNI int8 dots"), ("amx-bf16", "AMX-BF16 tiles"),
                 ("amx-int8", "AMX-INT8 tiles"))
 INT8_PATHS = {"vnni": "VNNI vpdpbusd", "avx2": "AVX2 pmaddubsw+pmaddwd", "generic": "widening multiplies"}
+TILE_PATHS = {"vnni512": "int8 tile GEMM, 512-bit vpdpbusd", "vnni": "int8 tile GEMM, 256-bit vpdpbusd",
+              "generic": "dequantize + fp32 BLAS (no vpdpbusd for the int8 tile GEMM)"}
 
 
 def int8_dot_path(features) -> str:
@@ -19,6 +21,14 @@ def int8_dot_path(features) -> str:
     if "avxvnni" in features or {"avx512vnni", "avx512vl"} <= set(features):
         return "vnni"
     return "avx2" if "avx2" in features else "generic"
+
+
+def int8_tile_path(features) -> str:
+    """'vnni512', 'vnni' or 'generic': what the int8 tile GEMM (kernels/_simd_itile.py, quantized
+    prefill) compiles to; AVX2's pmaddubsw is no path there (it saturates on q8_0's u up to 255)."""
+    if "avx512vnni" in features:
+        return "vnni512"
+    return "vnni" if int8_dot_path(features) == "vnni" else "generic"
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,4 +58,6 @@ def describe() -> str:
     used = {"avx512vnni", "avxvnni"} if path == "vnni" else set()
     present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
-    return f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}{unused}"
+    prefill = TILE_PATHS[int8_tile_path(features)]
+    return (f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}, "
+            f"quantized prefill by {prefill}{unused}")

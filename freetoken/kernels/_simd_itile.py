@@ -27,6 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from freetoken.kernels import _simd
+from freetoken.kernels._isa import int8_tile_path
 from freetoken.kernels._simd_int8 import idot, _q6_k_slices
 from freetoken.kernels._simd_ir import (F32, I8, I32, I64, _bytes, _contiguous, _fp16, _function,
                                         _k4_coefficients, _lanes, _load, _same, _splat)
@@ -36,13 +37,8 @@ I8x64, I32x16, F32x16 = ir.VectorType(I8, 64), ir.VectorType(I32, LANES), ir.Vec
 
 
 def tile_path(features: str) -> str:
-    """'vnni512' (one 512-bit vpdpbusd per step), 'vnni' (two 256-bit) or 'generic' (widening
-    multiplies: exact, slow; AVX2's pmaddubsw would saturate on q8_0's u up to 255), from an
-    LLVM feature string."""
-    on = {f[1:] for f in features.split(",") if f.startswith("+")}
-    if "avx512vnni" in on:
-        return "vnni512"
-    return "vnni" if "avxvnni" in on or {"avx512vnni", "avx512vl"} <= on else "generic"
+    """_isa.int8_tile_path of an LLVM feature string (numba's target machine's)."""
+    return int8_tile_path({f[1:] for f in features.split(",") if f.startswith("+")})
 
 
 def _vnni16(builder, acc, u4, x, path):

@@ -253,15 +253,14 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
     if out is None:
         out = np.empty((T, H), np.float32)
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32), S)
+    if quantized:
+        from freetoken.kernels import experts_quant as quant
+        if quant.uses_gemm(gate_up, down, dots, plan):
+            return quant.gemm(x, gate_up, down, *plan, out)
     if plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0]):
-        if quantized:
-            from freetoken.kernels import experts_quant
-            if experts_quant.uses_gemm(gate_up, down, dots):
-                return experts_quant.gemm(x, gate_up, down, *plan, out)
         return _blas(x, gate_up, down, *plan, out, dots)
     if quantized:
-        from freetoken.kernels.experts_quant import gemv
-        y = gemv(x, gate_up, down, *plan[:3], np.empty((H, plan[2].shape[0]), np.float32), dots)
+        y = quant.gemv(x, gate_up, down, *plan[:3], np.empty((H, plan[2].shape[0]), np.float32), dots)
         _combine(y, plan[2], plan[3], out)
         return out
     return _gemv(x, gate_up, down, *plan, out)

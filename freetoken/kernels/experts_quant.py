@@ -26,6 +26,9 @@ from freetoken.kernels.qblocks import values_of
 from freetoken.kernels.qformats import format_of
 
 ROWS = 32            # rows per parallel work item, as in experts.py
+GEMM_MIN_PAIRS = 6   # routed tokens per expert (mean) from which the tile GEMM beats the GEMV: a
+                     # 64-expert top-8 layer of q4_k/q6_k (H 1024, I 512), 2-core Xeon, GEMV / GEMM
+                     # time 0.62 at 2 tokens an expert, 1.00 at 4, 1.59 at 8, 2.18 at 16
 PASS_PAIRS = 4096    # routed pairs per GEMM pass: bounds h [pairs, 2I] and the tiles (a prefill
                      # chunk of 8192 tokens, top-8, would otherwise hold 65536 rows of each)
 
@@ -85,9 +88,11 @@ def gemv(x, gate_up, down, uniq, offs, ptok, y, dots="f32"):
     return y
 
 
-def uses_gemm(gate_up, down, dots) -> bool:
-    """Whether many tokens go through ``gemm``: int8 dots on both banks, formats the tile GEMM
-    reads, and VNNI here (qgemm.fast_here)."""
+def uses_gemm(gate_up, down, dots, plan) -> bool:
+    """Whether experts._plan's groups go through ``gemm``: GEMM_MIN_PAIRS tokens an expert, int8
+    dots on both banks, formats the tile GEMM reads, and VNNI here (qgemm.fast_here)."""
+    if plan[2].shape[0] < GEMM_MIN_PAIRS * max(1, plan[0].shape[0]):
+        return False
     return all(wants_int8(w, dots) and qgemm.supported(w) for w in (gate_up, down)) and qgemm.fast_here()
 
 

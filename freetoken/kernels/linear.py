@@ -165,7 +165,8 @@ def _blas(x, w, out):
 
 
 def cpu(x, w, out=None, *, dots="f32"):
-    """Same contract as ``ref``: numba row GEMV for few tokens (decode), BLAS for many."""
+    """Same contract as ``ref``: numba row GEMV for few tokens (decode), BLAS for many; a
+    quantized w with int8 dots on VNNI: the int8 tile GEMM from GEMM_MIN_T tokens (linear_quant)."""
     if isinstance(w, tuple):
         return _parts(cpu, x, w, out, dots)
     x = np.ascontiguousarray(x, np.float32)
@@ -175,15 +176,14 @@ def cpu(x, w, out=None, *, dots="f32"):
     w = np.ascontiguousarray(w)
     if out is None:
         out = np.empty((T, M), np.float32)
-    if T >= BLAS_MIN_T:
-        if is_quantized(w):
-            from freetoken.kernels import linear_quant
-            if linear_quant.uses_gemm(w, dots):
-                return linear_quant.gemm(x, w, out)
-        return _blas(rounded(x) if wants_int8(w, dots) else x, w, out)
     if is_quantized(w):
-        from freetoken.kernels.linear_quant import gemv
-        return gemv(x, w, out, dots)
+        from freetoken.kernels import linear_quant
+        if T >= linear_quant.GEMM_MIN_T and linear_quant.uses_gemm(w, dots):
+            return linear_quant.gemm(x, w, out)
+        if T < BLAS_MIN_T:
+            return linear_quant.gemv(x, w, out, dots)
+    if T >= BLAS_MIN_T:
+        return _blas(rounded(x) if wants_int8(w, dots) else x, w, out)
     rows = weight_rows(w)
     gemv = _gemv_pairs if rows.dtype == np.uint32 else _gemv
     gemv(split_x(x, rows), rows, np.arange(T, dtype=np.int32), out)

@@ -28,11 +28,10 @@ def supported(w) -> bool:
 
 
 def fast_here() -> bool:
-    """Whether this CPU runs the tile GEMM on VNNI (elsewhere the widening fallback is exact
-    but slower than dequantize + BLAS, so the ops keep that)."""
-    from freetoken.kernels._isa import host
-    from freetoken.kernels._simd_itile import tile_path
-    return tile_path(",".join("+" + f for f in host()[1])) != "generic"
+    """Whether this CPU runs the tile GEMM on VNNI (elsewhere its widening fallback is exact but
+    slower than dequantize + BLAS, so the ops keep that; the start-up log says which)."""
+    from freetoken.kernels._isa import host, int8_tile_path
+    return int8_tile_path(host()[1]) != "generic"
 
 
 @njit(**HOT)

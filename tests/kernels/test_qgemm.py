@@ -79,9 +79,8 @@ def test_tiles_lay_tokens_out_four_values_a_lane():
 
 
 def _paths_here():
-    from freetoken.kernels._isa import host
-    from freetoken.kernels._simd_itile import tile_path
-    here = tile_path(",".join("+" + f for f in host()[1]))
+    from freetoken.kernels._isa import host, int8_tile_path
+    here = int8_tile_path(host()[1])
     return sorted({"generic", here} | ({"vnni"} if here == "vnni512" else set()))
 
 
