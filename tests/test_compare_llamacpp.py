@@ -47,6 +47,8 @@ def test_prompts_are_exactly_n_tokens(cmp):
 
 
 class _Fake:
+    repack = True
+
     def __init__(self, name, calls):
         self.name, self.calls = name, calls
 
@@ -126,6 +128,7 @@ def test_main_writes_json_from_fake_engines(cmp, tmp_path, monkeypatch):
                      "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["machine"]["cpu"]["model"] and data["llama_cpp"]["commit"] == "abc"
+    assert data["llama_cpp"]["repack"] is True
     assert data["env"] == {"NUMBA_NUM_THREADS": "2"} and data["greedy_check"]["identical_prefix"] == 64
     assert data["commands"]["llama-bench decode"][:3] == ["b", "-m", str(tmp_path / "m.gguf")]
     assert data["flags"]["threads"] == 2 and {r["measure"] for r in data["rows"]} == {"startup", "decode@64", "prefill@512"}
@@ -209,3 +212,28 @@ def test_quant_runs_both_engines_on_one_quantized_file(cmp, tmp_path, monkeypatc
     assert not list(tmp_path.glob("*.partial"))
     engines, _, _, _ = cmp.setup(cmp.parse_args([]))
     assert engines[0].hf == tmp_path / "hf" and engines[1].gguf == src
+
+
+def test_llama_cpp_killed_by_a_signal_runs_again_with_repacking_off(cmp, monkeypatch, tmp_path, capsys):
+    """Its repacked (AMX) kernels segfaulted on a Q4_K_M file on one Xeon: the start-up run is
+    retried once without repacking, and every later command says so too."""
+    import _engines
+    from _child import ChildRun
+    cmds = []
+
+    def fake_run(cmd, env=None, timeout=None, cwd=None):
+        cmds.append([str(c) for c in cmd])
+        code = -11 if len(cmds) == 1 else 0
+        return ChildRun(cmd, code, 1.0, 0.5, 1 << 30, "x 1\n", "")
+    monkeypatch.setattr(_engines, "run_child", fake_run)
+    monkeypatch.setattr(_engines, "read_through", lambda files: None)
+    monkeypatch.setattr(_engines.llamacpp, "supports_depth", lambda lc: True)
+    lc = _engines.llamacpp.LlamaCpp(tmp_path / "llama-bench", tmp_path / "llama-completion", tmp_path / "c.py", {})
+    runs = _engines.LlamaCppRuns(lc, tmp_path / "m.gguf", 2, 4096, 60)
+    got = runs.startup("hello", 1)
+    assert got["repack"] is False and runs.repack is False
+    assert "--no-repack" not in cmds[0] and cmds[1][-1] == "--no-repack"
+    assert "signal 11" in capsys.readouterr().out
+    monkeypatch.setattr(_engines.llamacpp, "bench_tok_s", lambda out: 5.0)
+    monkeypatch.setattr(_engines.llamacpp, "bench_record", lambda out: {})
+    assert runs._bench(8, 0)["tok_s"] == 5.0 and cmds[-1][-2:] == ["--repack", "0"]
