@@ -29,20 +29,21 @@ def _want(w, x, uniq, offs, rows):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_grouped_tile_gemm_matches_the_spec(name):
-    """Three slots, two used, 21 and 17 tokens (a full tile and a ragged one each; tokens taken out
-    of order, one twice), both output layouts; random bytes, so every packed bit pattern occurs."""
+    """Three slots, two used, 85 and 17 tokens (six tiles, the last ragged; a full tile and a
+    ragged one; tokens taken out of order, one twice), both output layouts; random bytes, so
+    every packed bit pattern occurs."""
     rng = np.random.default_rng(7 + len(name))
     K = 512 if name != "q8_0" else 96
-    w, x = _bank(rng, name, 3, 37, K), activations(rng, 30, K)
-    uniq, offs = np.array([2, 0], np.int32), np.array([0, 21, 38], np.int32)
-    rows = np.concatenate([rng.permutation(30)[:21], rng.permutation(30)[:16], [3]]).astype(np.int32)
+    w, x = _bank(rng, name, 3, 37, K), activations(rng, 90, K)
+    uniq, offs = np.array([2, 0], np.int32), np.array([0, 85, 102], np.int32)
+    rows = np.concatenate([rng.permutation(90)[:85], rng.permutation(90)[:16], [3]]).astype(np.int32)
     q, d, _ = qact.quantize(x)
     src, first = qgemm.lane_sources(offs, rows)
     t = qgemm.tiles(q, d, src, qformats.format_of(w).code)
     want, scale = _want(w, x, uniq, offs, rows)
-    got = qgemm.gemm(w, t, uniq, offs, first, np.full((38, 37), np.nan, np.float32), False)
+    got = qgemm.gemm(w, t, uniq, offs, first, np.full((102, 37), np.nan, np.float32), False)
     np.testing.assert_allclose(got, want, atol=2e-6 * scale.max(), rtol=1e-5)
-    got_t = qgemm.gemm(w, t, uniq, offs, first, np.full((37, 38), np.nan, np.float32), True)
+    got_t = qgemm.gemm(w, t, uniq, offs, first, np.full((37, 102), np.nan, np.float32), True)
     np.testing.assert_array_equal(got_t, got.T)
 
 
