@@ -3,16 +3,21 @@
 // Wrapper: freetoken/kernels/router.py   Spec: router.ref   Test: tests/kernels/test_gpu_router.py
 // Launch: grid (T,), block (threads(E) <= 256,), dynamic smem E * 4 bytes; one block per token.
 //   k passes of a block argmax over the row's probabilities kept in shared memory (k << E).
-// Needs: logits [T,E], ids/weights [T,k] C-contiguous; 1 <= k <= min(E, MAX_K); E <= 12288
-//   (probabilities fit in 48 KiB of shared memory).
+// Needs: logits [T,E], ids/weights [T,k] C-contiguous; 1 <= k <= min(E, MAX_K); E <= router.MAX_E
+//   (the probabilities and this kernel's 640 B of static shared memory fit in 48 KiB).
 // Numerics: expf(x - max) / sum, sum in block tree order (ref sums in numpy order: ~1 ulp).
+// Non-finite rows (router.ref's rule): a NaN probability ranks below every number, ties and NaNs
+//   to the lower id, so k distinct ids always come back; a NaN or +inf logit, or a row of -inf,
+//   makes every probability NaN (the sum is NaN): ids 0..k-1, weights NaN.
 #include "common.cuh"
 
 #define MAX_K 32
+#define TAKEN -2.0f        // below every probability and below NAN_RANK
+#define NAN_RANK -1.0f     // a NaN probability's rank: below every number, above TAKEN
 
 extern "C" __global__ void router_f32(const float* logits, int* ids, float* weights, int T,
                                       int E, int k, int norm) {
-    extern __shared__ float smem_p[];              // [E] probabilities; taken ones set to -1
+    extern __shared__ float smem_p[];              // [E] probabilities (or NaN); taken ones: TAKEN
     __shared__ float scratch[MAX_WARPS];
     __shared__ ArgMax scratch_am[MAX_WARPS];
     __shared__ int smem_ids[MAX_K];
@@ -34,16 +39,16 @@ extern "C" __global__ void router_f32(const float* logits, int* ids, float* weig
     __syncthreads();
 
     for (int j = 0; j < k; ++j) {
-        ArgMax best = {0.0f, -1};
+        ArgMax best = {TAKEN, -1};
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
             const float p = smem_p[e];
-            if (p >= 0.0f) best = better(best, ArgMax{p, e});
+            if (p != TAKEN) best = better(best, ArgMax{isnan(p) ? NAN_RANK : p, e});
         }
-        best = block_argmax(best, scratch_am);     // every thread holds the same winner
-        if (threadIdx.x == 0) {
+        best = block_argmax(best, scratch_am);     // every thread holds the same winner; k <= E
+        if (threadIdx.x == 0) {                    // leaves an untaken one, so best.i >= 0
             smem_ids[j] = best.i;
-            smem_w[j] = best.v;
-            smem_p[best.i] = -1.0f;               // probabilities are >= 0: -1 marks taken
+            smem_w[j] = smem_p[best.i];            // the probability itself (NaN stays NaN)
+            smem_p[best.i] = TAKEN;
         }
         __syncthreads();
     }

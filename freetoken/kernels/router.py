@@ -3,6 +3,12 @@
 Softmax over E in fp32, then the k largest probabilities, ordered by probability descending with
 ties going to the lower expert id; renormalised over the k when ``norm_topk_prob`` is set.
 ``out`` (optional) is a preallocated (ids int32[T,k], weights f32[T,k]) pair.
+
+Non-finite logits (every implementation follows ``ref``): a NaN probability ranks below every
+number, and among NaNs the lower id comes first, so k distinct valid ids always come back and no
+token's MoE output is dropped. A NaN or +inf logit, or a row of -inf, makes the row's sum NaN and
+so every probability NaN: ids 0 .. k-1, weights NaN (the NaN reaches the output rather than a
+made-up routing). A -inf logit among finite ones is probability 0.
 """
 import numpy as np
 
@@ -12,9 +18,10 @@ from freetoken.kernels._numba import SERIAL, njit
 def ref(logits, k, norm_topk_prob, out=None):
     """logits f32[T,E] -> (ids int32[T,k], weights f32[T,k])."""
     x = np.asarray(logits, np.float32)
-    p = np.exp(x - x.max(axis=-1, keepdims=True))
-    p = p / p.sum(axis=-1, keepdims=True)
-    order = np.argsort(-p, axis=-1, kind="stable")[:, :k]        # stable: ties -> lower id
+    with np.errstate(invalid="ignore"):                 # non-finite rows: the rule above
+        p = np.exp(x - x.max(axis=-1, keepdims=True))
+        p = p / p.sum(axis=-1, keepdims=True)
+    order = np.argsort(-p, axis=-1, kind="stable")[:, :k]        # stable: ties -> lower id; NaN last
     w = np.take_along_axis(p, order, axis=-1)
     if norm_topk_prob:
         w = w / w.sum(axis=-1, keepdims=True)
@@ -67,7 +74,8 @@ ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py c
                    "norm:i32"),
 }
 MAX_K = 32        # router.cu keeps the chosen experts in fixed shared arrays
-MAX_E = 12288     # the row's probabilities live in 48 KiB of shared memory
+MAX_E = (48 * 1024 - 640) // 4   # the row's probabilities and router.cu's 640 B of static
+                                 # shared memory in 48 KiB (12128)
 
 
 def gpu(logits, k, norm_topk_prob, out):

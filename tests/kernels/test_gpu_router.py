@@ -36,3 +36,25 @@ def test_gpu_ties_go_to_lower_id():
     logits[2, ::3] = -1.0
     ids, _ = _run(logits, 6, True)
     np.testing.assert_array_equal(ids, router.ref(logits, 6, True)[0])
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("E,k", [(12, 4), (12, 12), (300, 8)])
+def test_gpu_follows_ref_on_non_finite_rows(E, k, norm):
+    """k valid distinct ids for every row (a NaN once left id -1 and wrote smem_p[-1]), the ref's
+    rule for which, NaN weights where ref has them."""
+    from tests.kernels.test_router import non_finite_rows
+    rows = non_finite_rows(E)
+    ids, w = _run(rows, k, norm)
+    ref_ids, ref_w = router.ref(rows, k, norm)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_array_equal(np.isnan(w), np.isnan(ref_w))
+    assert_close("router weights, finite rows", ref_w[[2, 5]], w[[2, 5]], 1e-7, 1e-5)
+
+
+def test_gpu_at_max_e_fits_the_shared_memory_a_launch_gets():
+    """MAX_E's probabilities plus the kernel's static shared memory fit in 48 KiB: the launch at
+    MAX_E runs, and matches ref."""
+    logits = np.random.default_rng(5).standard_normal((2, router.MAX_E)).astype(np.float32)
+    ids, w = _run(logits, 8, True)
+    np.testing.assert_array_equal(ids, router.ref(logits, 8, True)[0])

@@ -43,3 +43,38 @@ def test_cpu_matches_ref(T, E, k, norm):
     out = (np.empty((T, k), np.int32), np.empty((T, k), np.float32))
     assert router.cpu(logits, k, norm, out=out) is out
     np.testing.assert_array_equal(out[0], ids_r)
+
+
+def non_finite_rows(E=12):
+    """Rows a broken model can produce: a NaN, a +inf, a -inf among finite logits, all -inf, all
+    NaN, and a finite row between them (its routing must not be disturbed)."""
+    rows = np.tile(np.linspace(-1.0, 1.0, E, dtype=np.float32), (6, 1))
+    rows[0, 5] = np.nan
+    rows[1, 3] = np.inf
+    rows[2, E - 1] = -np.inf
+    rows[3] = -np.inf
+    rows[4] = np.nan
+    return rows
+
+
+def test_ref_rule_for_non_finite_rows():
+    """The rule router.py writes down: NaN ranks last, ties and NaNs to the lower id; a NaN or
+    +inf logit or an all -inf row makes every probability NaN; -inf among finite ones is 0."""
+    rows = non_finite_rows()
+    ids, w = router.ref(rows, 4, True)
+    for t in (0, 1, 3, 4):
+        np.testing.assert_array_equal(ids[t], [0, 1, 2, 3])
+        assert np.isnan(w[t]).all()
+    np.testing.assert_array_equal(ids[2], [10, 9, 8, 7])      # the -inf one (11) is probability 0
+    np.testing.assert_array_equal(ids[5], [11, 10, 9, 8])
+    assert np.isfinite(w[[2, 5]]).all()
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_cpu_follows_ref_on_non_finite_rows(norm):
+    rows = non_finite_rows()
+    ids_r, w_r = router.ref(rows, 4, norm)
+    ids_c, w_c = router.cpu(rows, 4, norm)
+    np.testing.assert_array_equal(ids_c, ids_r)
+    np.testing.assert_array_equal(np.isnan(w_c), np.isnan(w_r))
+    assert_close("router non-finite rows", w_r[[2, 5]], w_c[[2, 5]], atol=1e-7, rtol=1e-6)
