@@ -10,7 +10,7 @@ from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).resolve().parent
-PATTERNS = ("*.cu", "*.cuh")
+PATTERNS = ("*.cu", "*.cuh", "launch_limits.json")
 
 
 def cuda_sources():

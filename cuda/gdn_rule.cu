@@ -2,8 +2,9 @@
 // q and k, gate (beta = sigmoid(b), alpha = exp(-exp(A_log) * softplus(a + dt_bias))), then
 // S = alpha S; u = S^T k; S += k (x) beta (v - u); out = S^T q; the state updated in place.
 // Wrapper: freetoken/kernels/gdn_rule.py   Spec: gdn_rule.ref   Test: tests/kernels/test_gpu_gdn_rule.py
-// Launch: grid (ceil(Dv/32), Hv, B), block (32 * ceil(Dk/16),) <= 1024 (Dk <= 512); static
-// shared memory only (~12 KiB). Needs: every array C-contiguous float32 (int32 slots/starts),
+// Launch: grid (ceil(Dv/32), Hv, B), block (32 * ceil(Dk/16),): Dk <= gdn_rule.max_key_dim(), as
+// many warps as this kernel's registers (ptxas, cuda/launch_limits.json) fit in 64K (Dk <= 272 at
+// 120 registers); static shared memory only (~12 KiB). Needs: every array C-contiguous float32 (int32 slots/starts),
 // each sequence's slot distinct, Hv a multiple of Hk.
 //
 // Columns of S are independent: column j evolves from k, q, alpha, beta and v_j alone. So a

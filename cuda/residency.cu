@@ -198,7 +198,7 @@ extern "C" __global__ void residency_count_i32(const int* ids, int P, int layer,
   for (int e = threadIdx.x; e < E; e += blockDim.x) smem[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x)
-    if (ids[p] >= 0 && ids[p] < E) smem[ids[p]] = 1;
+    if (ids[p] >= 0 && ids[p] < E) atomicOr(&smem[ids[p]], 1);   // many threads, one expert: no race
   __syncthreads();
   int n = 0;
   for (int e = threadIdx.x; e < E; e += blockDim.x) n += smem[e];

@@ -1,8 +1,10 @@
 """Markers: ``gpu`` (skipped without a CUDA device; FREETOKEN_CUDA_EMULATE=1 provides an emulated
 one), ``slow`` (skipped unless --slow) and ``heavy`` (a gpu test skipped on the emulated device
-unless --slow: too slow there, cheap on a GPU)."""
+unless --slow: too slow there, cheap on a GPU). ``--slice i/n`` keeps the tests whose id hashes
+to i of n (how .ci/run rotates race mode over the gpu tests)."""
 import logging
 import os
+import zlib
 
 import pytest
 
@@ -11,6 +13,7 @@ os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__),
 
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run tests marked slow")
+    parser.addoption("--slice", default="", help="i/n: only the tests whose id hashes to i mod n")
 
 
 def _gpu_reason():
@@ -18,8 +21,18 @@ def _gpu_reason():
     return cuda_unavailable_reason()
 
 
+def _keep_slice(config, items) -> None:
+    if not config.getoption("--slice"):
+        return
+    i, n = (int(v) for v in config.getoption("--slice").split("/"))
+    keep = [zlib.crc32(it.nodeid.encode()) % n == i for it in items]
+    config.hook.pytest_deselected(items=[it for it, k in zip(items, keep) if not k])
+    items[:] = [it for it, k in zip(items, keep) if k]
+
+
 def pytest_collection_modifyitems(config, items):
     from freetoken.cupy_loader import emulated
+    _keep_slice(config, items)
     gpu_reason, slow = None, config.getoption("--slow")
     for item in items:
         if "slow" in item.keywords and not slow:

@@ -32,6 +32,7 @@ import numbers
 import numpy as np
 
 from freetoken.cuda_emu import memory, pools, runtime as _runtime, streams
+from freetoken.cuda_emu.hazards import declared as _declared_touches  # noqa: F401 (kernels/_cuda.launch)
 from freetoken.cuda_emu.kernels import RawKernel, RawModule
 from freetoken.cuda_emu.deferred import deferred, enqueue, from_host, sync_current
 from freetoken.cuda_emu.ndarray import _real, ndarray
@@ -134,7 +135,7 @@ def asnumpy(a, stream=None, order="C", out=None, blocking=True):
 
 
 def copyto(dst, src, casting="same_kind", where=None) -> None:
-    enqueue("copyto", lambda: np.copyto(dst._a, _real(src), casting=casting))
+    enqueue("copyto", lambda: np.copyto(dst._a, _real(src), casting=casting), (src,), (dst,))
 
 
 def get_array_module(*args):

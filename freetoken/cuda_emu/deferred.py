@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from freetoken.cuda_emu import hazards
 from freetoken.cuda_emu import ndarray as nd
 from freetoken.cuda_emu.streams import get_current_stream, host_sync
 
 
-def enqueue(name: str, fn) -> None:
-    get_current_stream().enqueue(fn, name)
+def enqueue(name: str, fn, reads=(), writes=()) -> None:
+    get_current_stream().enqueue(fn, name, hazards.arrays_ranges(reads, writes))
 
 
 def sync_current(what: str, stream=None) -> None:
     host_sync(what)
-    (stream or get_current_stream()).run_until(None)
+    stream = stream or get_current_stream()
+    stream.run_until(None)
+    hazards.host_waited(hazards.recorded(stream.ptr))
 
 
 def from_host(host: np.ndarray) -> "nd.ndarray":
@@ -56,5 +59,5 @@ def deferred(name: str, fn, args: tuple, kwargs: dict | None = None):
     def run():
         with np.errstate(all="ignore"):
             _store(out, fn(*nd._real(real_args), **nd._real(kwargs)), name)
-    enqueue(name, run)
+    enqueue(name, run, (args, tuple((kwargs or {}).values())), (out,))
     return out

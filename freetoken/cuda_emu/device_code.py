@@ -9,11 +9,21 @@ outside any allocation (guard pages), an out-of-bounds index into a fixed-size a
 shared memory included; -fsanitize=bounds), a dynamic shared-memory overrun, a barrier not every
 thread reaches, a warp operation whose mask names an exited lane.
 
-Not seen: races (threads run one at a time between barriers and warp operations, so a racy
-kernel computes a serial answer, and blocks run in order), an overrun inside the alignment slack
-of an allocation (it reads poison) or an underrun within its first page, pointer arithmetic past
-a static shared array (only indexing is checked), registers and total shared memory per block,
-an endless loop (it hangs). Numerics are the host's: glibc expf/sincosf, no FMA contraction, no
+Also seen: a write into the slack around an allocation a kernel was passed (its alignment
+padding past the end, the 256 bytes before its start: poison checked after the launch), a write
+at a negative index of dynamic shared memory (256 poisoned bytes before it), and a launch a real
+GPU refuses for its registers or its static + dynamic shared memory (kernels/launch_limits.py,
+ptxas's numbers).
+
+Races on shared memory, in race mode (FREETOKEN_CUDA_EMULATE_RACES=1, emu/race.cpp): two
+threads' accesses to one byte, one a write, with no __syncthreads between them (nor, within a
+warp, a warp operation), named with both accesses' file:line.
+
+Not seen: races outside race mode (threads run one at a time between barriers and warp
+operations, so a racy kernel computes a serial answer, and blocks run in order), races on
+global memory, a read of the slack (it reads
+poison), an underrun further than 256 bytes but within the first page, pointer arithmetic past
+a static shared array (only indexing is checked), an endless loop (it hangs). Numerics are the host's: glibc expf/sincosf, no FMA contraction, no
 flush-to-zero.
 
 Builds are cached in ``env.home()/cuda_emu``, keyed by the code, every header it includes, the
@@ -34,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from freetoken import env
+from freetoken.env import flag
 
 POISON16 = 0xFFC7                      # NaN as bf16 and as f32 (high half), every fresh word
 MAX_THREADS = 1024
@@ -44,18 +55,41 @@ OPTIN_SMEM = 227 * 1024                # sm_90's opt-in maximum
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 SHIM = EMU_DIR / "cuda_emu.h"
-RUNTIME_SOURCES = ("runtime.cpp", "launch.cpp", "sync.cpp", "alloc.cpp")
+RUNTIME_SOURCES = ("runtime.cpp", "launch.cpp", "sync.cpp", "alloc.cpp", "race.cpp")
 RUNTIME_FILES = ("cuda_emu.h", "runtime.h", "shared.ld") + RUNTIME_SOURCES
 CXX = "g++"
 RUNTIME_FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
                  "-Wl,--no-undefined")
 # -O1: the kernels build in seconds and still run well; -ffp-contract=off: no FMA contraction,
 # so __fmul_rn and friends round like CUDA's; bounds: static shared (and local) array indices;
+# alignment: an access through a pointer its type's alignment does not divide (vector types
+# carry CUDA's __align__);
 # data sections + shared.ld: the static __shared__ variables in one section (see shared.ld).
-KERNEL_FLAGS = ("-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fsanitize=bounds",
+KERNEL_FLAGS = ("-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fsanitize=bounds,alignment",
                 "-ffp-contract=off", "-fno-strict-aliasing", "-fno-threadsafe-statics",
                 "-fno-math-errno", "-fdata-sections", f"-Wl,-T,{EMU_DIR / 'shared.ld'}",
                 "-fstack-clash-protection")  # big frames probe each page: overflows hit the guard
+# Race mode: every load and store reports to emu/race.cpp, which checks shared memory.
+RACE_FLAGS = ("-fsanitize=thread", "-gdwarf-4")   # DWARF 4: addr2line names #line files right
+
+
+def races() -> bool:
+    """Whether kernels are built for race detection (FREETOKEN_CUDA_EMULATE_RACES=1)."""
+    return flag("CUDA_EMULATE_RACES")
+
+
+def fuzz_seed() -> int:
+    """FREETOKEN_CUDA_EMULATE_FUZZ: a seed for the schedule fuzz (threads of a block in a random
+    runnable order, blocks in a random order; emu/runtime.cpp), 0 or unset for the plain order."""
+    raw = os.environ.get("FREETOKEN_CUDA_EMULATE_FUZZ", "").strip() or "0"
+    if not raw.isdigit():
+        raise ValueError(f"FREETOKEN_CUDA_EMULATE_FUZZ={raw!r}: a non-negative integer seed")
+    return int(raw)
+
+
+def set_fuzz(seed: int) -> None:
+    """Schedule fuzz from now on with ``seed`` (0: off), whatever the environment said."""
+    _runtime().emu_set_fuzz(int(seed))
 
 
 class EmuFault(RuntimeError):
@@ -133,6 +167,10 @@ def _load_runtime() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     lib.emu_alloc.restype, lib.emu_alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     lib.emu_free.restype, lib.emu_free.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    lib.emu_set_fuzz.restype, lib.emu_set_fuzz.argtypes = None, [ctypes.c_ulonglong]
+    lib.emu_set_fuzz(fuzz_seed())
+    lib.emu_check_slack.restype = ctypes.c_int
+    lib.emu_check_slack.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.emu_launch.restype = ctypes.c_int
     lib.emu_launch.argtypes = [ctypes.POINTER(_LaunchArgs), ctypes.POINTER(_FaultInfo)]
     return lib
@@ -204,7 +242,7 @@ def build(code: str, options: tuple[str, ...] = ()) -> "Module":
     seen: dict[Path, str] = {}
     _headers(code, None, dirs, seen)
     key = _key(code, *(f"{p}\n{t}" for p, t in sorted(seen.items())), _runtime_key(),
-               _compiler_id(), *KERNEL_FLAGS, *flags)
+               _compiler_id(), *KERNEL_FLAGS, *flags, *(RACE_FLAGS if races() else ()))
     with _lock:
         if key in _modules:
             return _modules[key]
@@ -212,10 +250,37 @@ def build(code: str, options: tuple[str, ...] = ()) -> "Module":
     path = _cache_dir() / f"kernel-{key}.so"
     if not path.exists():
         source = _rewrite(code) + "\n" + _trailer(found)
-        _compile([*flags, *KERNEL_FLAGS, "-include", str(SHIM), "-x", "c++", "-"], path, source)
+        if races():      # instrumented, then linked without libtsan: race.cpp has the hooks
+            obj = path.with_suffix(".o")
+            _compile([*flags, *KERNEL_FLAGS, *RACE_FLAGS, "-c", "-include", str(SHIM), "-x", "c++", "-"],
+                     obj, source)
+            _compile(["-shared", f"-Wl,-T,{EMU_DIR / 'shared.ld'}", str(obj)], path)
+            obj.unlink()
+        else:
+            _compile([*flags, *KERNEL_FLAGS, "-include", str(SHIM), "-x", "c++", "-"], path, source)
     module = Module(path, found, code, runtime)
     with _lock:
         return _modules.setdefault(key, module)
+
+
+_PC = re.compile(r"\{\{pc:(.+?)\+0x([0-9a-f]+)\}\}")
+
+
+def symbolize(message: str) -> str:
+    """A race report's code addresses ({{pc:LIB+0xOFF}}, emu/race.cpp) as file:line, the
+    innermost inlined function first and, when the code was inlined, where into."""
+    def where(m):
+        try:
+            out = subprocess.run(["addr2line", "-e", m.group(1), "-f", "-C", "-i", f"0x{m.group(2)}"],
+                                 capture_output=True, text=True, timeout=30).stdout.split("\n")
+        except (OSError, subprocess.SubprocessError):
+            return m.group(0)
+        frames = [(out[i].split("(")[0], out[i + 1].split(" ")[0]) for i in range(0, len(out) - 1, 2)]
+        if not frames:
+            return m.group(0)
+        text = f"{frames[0][1]} ({frames[0][0]})"
+        return text + (f", inlined at {frames[-1][1]}" if len(frames) > 1 else "")
+    return _PC.sub(where, message)
 
 
 # --- device memory ---------------------------------------------------------------------------------
@@ -229,6 +294,15 @@ def alloc(nbytes: int) -> int:
     if not addr:
         raise MemoryError(f"emulated device: cannot map {nbytes} bytes")
     return int(addr)
+
+
+def slack_write(addr: int) -> str | None:
+    """How a launch wrote into the poisoned slack around the allocation holding ``addr`` (the
+    alignment padding past its end, the 256 bytes before its start), or None."""
+    buf = ctypes.create_string_buffer(256)
+    if _runtime().emu_check_slack(int(addr), buf, len(buf)):
+        return buf.value.decode(errors="replace")
+    return None
 
 
 def free(addr: int) -> None:

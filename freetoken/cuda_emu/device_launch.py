@@ -8,10 +8,12 @@ import ctypes
 import os
 import re
 import struct
+from pathlib import Path
 
 import numpy as np
 
 from freetoken.cuda_emu import device_code as dc
+from freetoken import device_limits
 
 _BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s+)?"      # allowed before or after `void`
 _ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+' + _BOUNDS + r"void\s+" + _BOUNDS +
@@ -100,15 +102,20 @@ class Kernel:
         runs, TypeError on arguments that do not match the signature."""
         grid, block, shared_mem = _dim3(grid), _dim3(block), int(shared_mem)
         self.check_shape(grid, block, shared_mem)
-        slots, params = self._pack(list(args))
+        args = list(args)
+        slots, params = self._pack(args)
         lo, hi = self._module.static_shared
         la = dc._LaunchArgs(self._fn, ctypes.addressof(params), grid, block, shared_mem, lo, hi,
                             self.name.encode())
         info = dc._FaultInfo()
         rc = self._module._runtime.emu_launch(ctypes.byref(la), ctypes.byref(info))
         if rc:
-            raise dc.EmuFault(info.message.decode(errors="replace"), kernel=self.name,
+            raise dc.EmuFault(dc.symbolize(info.message.decode(errors="replace")), kernel=self.name,
                               address=int(info.address) if info.has_address else None)
+        for p, v in zip(self.params, args):
+            if p.pointer and (how := dc.slack_write(int(v))):
+                raise self._fault(f"wrote outside the allocation its parameter {p.name} points "
+                                  f"into: {how}")
 
     def _fault(self, message: str):
         return dc.EmuFault(f"kernel {self.name}: {message}", kernel=self.name)
@@ -129,6 +136,10 @@ class Kernel:
                 f"invalid launch: {shared_mem} bytes of dynamic shared memory; the limit is {limit}"
                 f" (above {dc.DEFAULT_SMEM} needs max_dynamic_shared_size_bytes >= the size, at "
                 f"most {dc.OPTIN_SMEM})")
+        if (why := device_limits.refusal(Path(self._module.source).name, self.name,
+                                             threads, shared_mem, self._max_dyn)):
+            raise self._fault(f"invalid launch ({shape}, {shared_mem} bytes of dynamic shared "
+                              f"memory): {why}; cuda/{device_limits.TABLE}")
 
     def _pack(self, args):
         """(value storage, void* array): parameter i's value in 8-byte slot i."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from freetoken.cuda_emu import memory
+from freetoken.cuda_emu import hazards, memory
 from freetoken.cuda_emu.ndarray import ndarray
 from freetoken.cuda_emu.streams import get_current_stream
 
@@ -73,8 +73,20 @@ class RawKernel:
             raise TypeError(f"kernel {self.name}: a host numpy array passed as a kernel argument")
         stream = stream if stream is not None else get_current_stream()
         stream.enqueue(lambda: self._run(grid, block, int(shared_mem), values, arrays),
-                       f"kernel {self.name}")
+                       f"kernel {self.name}", self._ranges(args))
         launches += 1
+
+    def _ranges(self, args) -> list:
+        """The device bytes the launch may touch: each array argument, each raw pointer to the
+        end of its allocation; written unless its parameter is const (hazards.py)."""
+        params = self._params or [(f"arg{i}", True, False) for i in range(len(args))]
+        out = []
+        for (_, is_ptr, is_const), a in zip(params, args):
+            r = hazards.array_range(a, not is_const) if isinstance(a, ndarray) else \
+                hazards.pointer_range(a, not is_const) if is_ptr and isinstance(a, (int, np.integer)) else None
+            if r is not None:
+                out.extend(hazards.narrowed(r))
+        return out
 
     def _run(self, grid, block, shared_mem, values, arrays) -> None:
         from freetoken.cuda_emu import device_code
@@ -83,6 +95,8 @@ class RawKernel:
         try:
             self._kernel.launch(grid, block, shared_mem, values)
         except device_code.EmuFault as e:
+            if e.address is None:           # not a memory fault: nothing to add
+                raise
             raise device_code.EmuFault(f"{e} [{memory.describe_address(e.address)}]", kernel=e.kernel,
                                        address=e.address) from None
         for (name, a), old in zip(outputs, before):

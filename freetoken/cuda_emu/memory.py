@@ -128,7 +128,8 @@ class Allocation:
 
 
 def _free(ptr: int, nbytes: int) -> None:
-    from freetoken.cuda_emu import device_code
+    from freetoken.cuda_emu import device_code, hazards
+    hazards.freed(ptr)
     DEVICE.remove(ptr)
     DEVICE.used -= nbytes
     device_code.free(ptr)

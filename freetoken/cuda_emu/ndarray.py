@@ -15,7 +15,7 @@ import operator
 
 import numpy as np
 
-from freetoken.cuda_emu import memory
+from freetoken.cuda_emu import hazards, memory
 from freetoken.cuda_emu.deferred import deferred, enqueue, from_host, sync_current
 from freetoken.cuda_emu.pools import MemoryPointer, _Raw, allocate
 from freetoken.cuda_emu.streams import get_current_stream
@@ -100,7 +100,7 @@ class ndarray:
 
     def __setitem__(self, key, value) -> None:
         key, value = _host_index(key), _h2d_source(value, "setitem")
-        enqueue("setitem", lambda: self._a.__setitem__(_real(key), _real(value)))
+        enqueue("setitem", lambda: self._a.__setitem__(_real(key), _real(value)), (key, value), (self,))
 
     # -- host reads (synchronise) ---------------------------------------------------------------
     def get(self, stream=None, order="C", out=None, blocking=True):
@@ -118,7 +118,8 @@ class ndarray:
             raise ValueError(f"Shape or dtype mismatch: device {self.shape} {self.dtype}, host "
                              f"{arr.shape} {arr.dtype}")
         src = _h2d_source(arr, "ndarray.set()")
-        (stream or get_current_stream()).enqueue(lambda: np.copyto(self._a, _real(src)), "ndarray.set")
+        (stream or get_current_stream()).enqueue(lambda: np.copyto(self._a, _real(src)), "ndarray.set",
+                                                 hazards.arrays_ranges((src,), (self,)))
 
     def item(self):
         return self.get().item()
@@ -159,7 +160,7 @@ class ndarray:
         return deferred("astype", lambda a: a.astype(dtype, order=order), (self,))
 
     def fill(self, value) -> None:
-        enqueue("fill", lambda: self._a.fill(value))
+        enqueue("fill", lambda: self._a.fill(value), (), (self,))
 
     def __getattr__(self, name):
         raise AttributeError(f"the emulated cupy.ndarray does not implement .{name} "
@@ -186,7 +187,8 @@ def _binary(op, name):
         return deferred(name, lambda a, b: op(b, a), (self, other))
 
     def inplace(self, other):
-        enqueue(f"{name} (in place)", lambda: self._a.__setitem__(Ellipsis, op(self._a, _real(other))))
+        enqueue(f"{name} (in place)", lambda: self._a.__setitem__(Ellipsis, op(self._a, _real(other))),
+                (self, other), (self,))
         return self
     return forward, reflected, inplace
 

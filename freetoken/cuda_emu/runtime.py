@@ -93,7 +93,7 @@ def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:
         if from_device and to_host:
             _check_d2h(src, data)
         ctypes.memmove(dst, data.ctypes.data, size)
-    s.enqueue(run, f"cudaMemcpyAsync({size} bytes)")
+    s.enqueue(run, f"cudaMemcpyAsync({size} bytes)", [(dst, dst + size, True), (src, src + size, False)])
 
 
 def memcpy(dst: int, src: int, size: int, kind: int) -> None:

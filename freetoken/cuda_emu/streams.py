@@ -18,6 +18,7 @@ import itertools
 import threading
 import time
 
+from freetoken.cuda_emu import hazards
 from freetoken.cuda_emu.memory import _CAPTURE_GUARD, CaptureError
 
 # A GPU runs queued work on its own; a host that never waits blocks once about this many launches
@@ -33,10 +34,10 @@ _ptrs = itertools.count(0x5000)
 
 class Op:
     """One enqueued device operation; `done` once it has run."""
-    __slots__ = ("fn", "name", "seq", "done")
+    __slots__ = ("fn", "name", "seq", "done", "ranges")
 
-    def __init__(self, fn, name: str):
-        self.fn, self.name, self.seq, self.done = fn, name, 0, False
+    def __init__(self, fn, name: str, ranges=()):
+        self.fn, self.name, self.seq, self.done, self.ranges = fn, name, 0, False, ranges
 
 
 class Stream:
@@ -53,8 +54,10 @@ class Stream:
             _ALL_STREAMS.append(self)
 
     # -- enqueue ---------------------------------------------------------------------------
-    def enqueue(self, fn, name: str) -> Op:
-        op = Op(fn, name)
+    def enqueue(self, fn, name: str, ranges=()) -> Op:
+        """Queue ``fn``; ``ranges`` ((lo, hi, write) device bytes it touches) are checked against
+        the other streams' work first (hazards.py)."""
+        op = Op(fn, name, ranges)
         with _lock:
             if self._capture is not None:
                 self._capture.append(op)
@@ -62,12 +65,19 @@ class Stream:
             if self.null and _capturing:
                 raise CaptureError(f"{name} on the legacy default stream while a graph capture is in "
                                    "progress (cudaErrorStreamCaptureImplicit)")
+            hazards.queued(self.ptr, self._legacy_after(), name, ranges)
             self._legacy_order(name)
             op.seq = next(_seq)
             self._queue.append(op)
             if len(self._queue) > QUEUE_DEPTH and not self._running:
                 self.run_until(self._queue[len(self._queue) // 2])   # the device catches up
         return op
+
+    def _legacy_after(self) -> list[int]:
+        """The streams this one's next op follows by the legacy default stream's rule."""
+        if self.non_blocking:
+            return []
+        return [s.ptr for s in _ALL_STREAMS if not s.non_blocking] if self.null else [NULL.ptr]
 
     def _legacy_order(self, name: str) -> None:
         """Legacy default stream semantics: null-stream work waits for blocking streams' earlier
@@ -107,6 +117,7 @@ class Stream:
     def synchronize(self) -> None:
         host_sync(f"Stream({self.ptr:#x}).synchronize()")
         self.run_until(None)
+        hazards.host_waited(hazards.recorded(self.ptr))
 
     def query(self) -> bool:
         return not self._queue
@@ -116,6 +127,7 @@ class Stream:
         if marker is None:
             return                                   # never recorded: nothing to wait for
         stream, op = marker
+        hazards.waited(self.ptr, event._clock)
         self.enqueue(lambda: stream.run_until(op), f"wait for event recorded on stream {stream.ptr:#x}")
 
     def record(self, event: "Event | None" = None) -> "Event":
@@ -190,6 +202,7 @@ def synchronize_all(what: str = "Device().synchronize()") -> None:
     host_sync(what)
     for s in [NULL] + list(_ALL_STREAMS):
         s.run_until(None)
+        hazards.host_waited(hazards.recorded(s.ptr))
 
 
 def _no_capture_allocation(what: str) -> None:
@@ -218,10 +231,11 @@ class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
         self.disable_timing = disable_timing
         self._marker = None
+        self._clock = None          # the recording stream's vector clock then (hazards.py)
         self._time: float | None = None
 
     def record(self, stream: Stream | None = None) -> None:
-        stream = stream if stream is not None else NULL
+        stream = stream if stream is not None else get_current_stream()   # as CuPy 14
         self._time = None
 
         def mark():
@@ -229,6 +243,7 @@ class Event:
         op = stream.enqueue(mark, "event record")
         if stream._capture is None:
             self._marker = (stream, op)
+            self._clock = hazards.recorded(stream.ptr)
 
     @property
     def done(self) -> bool:
@@ -241,6 +256,7 @@ class Event:
         host_sync("Event.synchronize()")
         if self._marker is not None:
             self._marker[0].run_until(self._marker[1])
+            hazards.host_waited(self._clock)
 
 
 def get_elapsed_time(start: Event, end: Event) -> float:
@@ -266,7 +282,7 @@ class Graph:
         def replay():
             for op in ops:
                 op.fn()
-        stream.enqueue(replay, f"graph launch ({len(ops)} nodes)")
+        stream.enqueue(replay, f"graph launch ({len(ops)} nodes)", [r for op in ops for r in op.ranges])
 
     def upload(self, stream=None) -> None:
         pass

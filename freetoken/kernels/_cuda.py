@@ -5,17 +5,15 @@ CuPy is imported lazily inside functions: importing this module never touches CU
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
-import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
 
 from freetoken.env import flag
 from freetoken.cupy_loader import cupy as load_cupy
+from freetoken.device_limits import cuda_dir
 
 # What a declared argument type in an ``ARGS`` table means: array dtype for pointers, the exact
 # numpy scalar type for values (a Python int would be passed as int64 and misread as int32).
@@ -25,18 +23,6 @@ SCALAR_TYPES = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "f32": np.fl
 
 
 # --- sources ---------------------------------------------------------------------------------
-
-def cuda_dir() -> Path:
-    """Folder holding the .cu sources: freetoken/_cuda_src in an installed wheel (copied there by
-    setup.py), else the checkout's repo-root cuda/. The wheel copy is tried first because an
-    installed package's parent is site-packages, where an unrelated ``cuda`` package may live."""
-    pkg = Path(__file__).resolve().parent.parent
-    for d in (pkg / "_cuda_src", pkg.parent / "cuda"):
-        if (d / "common.cuh").is_file():
-            return d
-    raise FileNotFoundError(f"no CUDA sources: neither {pkg / '_cuda_src'} nor {pkg.parent / 'cuda'} "
-                            "holds common.cuh")
-
 
 def read_source(path) -> str:
     """The file's text behind a #line directive, so compiler errors name the real file."""
@@ -101,16 +87,24 @@ def flat_span(a):
     return cupy.ndarray((span,), a.dtype, memptr=a.data)
 
 
-def launch(kern, grid, block, args, shared_mem=0) -> None:
+def launch(kern, grid, block, args, shared_mem=0, touches=()) -> None:
     """Launch on the current stream. With FREETOKEN_SYNC_LAUNCH set, wait for the kernel and
     re-raise its error naming it (asynchronous errors otherwise surface at a later call);
     skipped while a CUDA graph is being captured, where synchronising is illegal. An empty
-    grid (no rows) launches nothing: CUDA rejects a zero grid dimension."""
+    grid (no rows) launches nothing: CUDA rejects a zero grid dimension. ``touches``: (array,
+    written) pairs that say which part of a wider argument (a whole pool's flat_span) the launch
+    really reads and writes, for the emulated device's cross-stream hazard check; a GPU ignores
+    them."""
     if 0 in tuple(grid):
         return
     entry = getattr(kern, "name", repr(kern))
+    declared = getattr(load_cupy(), "_declared_touches", None) if touches else None
     try:
-        kern(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem))
+        if declared is not None:
+            with declared(touches):
+                kern(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem))
+        else:
+            kern(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem))
     except Exception as e:
         raise RuntimeError(f"launch of kernel {entry} failed: {e}") from e
     if flag("SYNC_LAUNCH"):
@@ -155,77 +149,3 @@ def threads(n: int, most: int = 1024) -> int:
     """Block size for n work items: a multiple of 32 (whole warps, the reductions assume it),
     at least 32 and at most ``most``."""
     return max(32, min(most, (int(n) + 31) // 32 * 32))
-
-
-# --- NVRTC without a GPU ---------------------------------------------------------------------
-
-def _nvrtc_candidates():
-    """libnvrtc next to the nvidia-cuda-nvrtc wheels (cu13, then the cu12 layout), in the CUDA
-    toolkit, then whatever the loader path finds."""
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations if spec else ()):
-        yield os.path.join(root, "cu13", "lib", "libnvrtc.so.13")
-        yield os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so.12")
-    for home in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if home:
-            yield os.path.join(home, "lib64", "libnvrtc.so")
-    yield from ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so")
-
-
-@functools.cache
-def nvrtc():
-    """The NVRTC library through ctypes, or None when none can be loaded."""
-    for cand in _nvrtc_candidates():
-        if os.sep in cand and not os.path.exists(cand):
-            continue
-        try:
-            # libnvrtc dlopens its builtins by soname at compile time, and a wheel's lib folder
-            # is not on the loader path: load the sibling builtins first so the soname resolves
-            folder = Path(cand).parent if os.sep in cand else None
-            for builtins in sorted(folder.glob("libnvrtc-builtins.so.*") if folder else ()):
-                if ".alt." not in builtins.name:
-                    ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
-            return ctypes.CDLL(cand)
-        except OSError:
-            continue
-    return None
-
-
-def _check(lib, status, what):
-    if status != 0:
-        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
-        raise RuntimeError(f"{what}: {lib.nvrtcGetErrorString(status).decode()}")
-
-
-def _program_log(lib, prog) -> str:
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    buf = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, buf)
-    return buf.value.decode(errors="replace")
-
-
-def compile_to_ptx(path, arch: str = "sm_90") -> bytes:
-    """PTX of one .cu file for ``arch`` (sm_80, sm_90, ...) with the loader's options. Needs no
-    GPU and no CuPy; raises RuntimeError with NVRTC's log, naming the file, when it fails."""
-    lib = nvrtc()
-    if lib is None:
-        raise RuntimeError("libnvrtc not found (pip install 'nvidia-cuda-nvrtc==13.0.*')")
-    path = Path(path).resolve()
-    prog = ctypes.c_void_p()
-    src = read_source(path).encode()
-    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, str(path).encode(), 0, None, None),
-           f"nvrtcCreateProgram({path})")
-    try:
-        # compute_XX (virtual arch): PTX is only retrievable for a virtual architecture
-        opts = compile_options(path.parent) + (f"-arch=compute_{arch.removeprefix('sm_')}",)
-        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-        if lib.nvrtcCompileProgram(prog, len(opts), arr) != 0:
-            raise RuntimeError(f"NVRTC failed to compile {path} for {arch}:\n{_program_log(lib, prog)}")
-        size = ctypes.c_size_t()
-        _check(lib, lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
-        buf = ctypes.create_string_buffer(size.value)
-        _check(lib, lib.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
-        return buf.raw[:size.value].rstrip(b"\0")
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))

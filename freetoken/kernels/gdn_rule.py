@@ -199,6 +199,13 @@ ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py c
 }
 
 
+def max_key_dim() -> int:
+    """The largest Dk gdn_rule.gpu launches: a warp per ROWS_PER_THREAD state rows, as many
+    warps as the kernel's registers (real ptxas, every arch) let a block hold (272 at 120)."""
+    from freetoken import device_limits
+    return device_limits.max_threads("gdn_rule_f32") // 32 * ROWS_PER_THREAD
+
+
 def gpu(q, k, v, a, b, A_log, dt_bias, states, seq_slots, seq_starts, out):
     """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,Hv,Dv] is required. One block per
     (32-column tile, value head, sequence), looping the sequence's tokens with the tile of the
@@ -211,7 +218,10 @@ def gpu(q, k, v, a, b, A_log, dt_bias, states, seq_slots, seq_starts, out):
     B = seq_slots.shape[0]
     assert out.shape == v.shape, ("out", out.shape, v.shape)
     assert A_log.shape == dt_bias.shape == (Hv,), (A_log.shape, dt_bias.shape, Hv)
-    assert 0 < Dk <= 32 * ROWS_PER_THREAD and Dv > 0, (Dk, Dv)
+    if not 0 < Dk <= max_key_dim() or Dv <= 0:
+        raise ValueError(f"gdn_rule.gpu: key head dim {Dk} (value {Dv}); the kernel takes 1 to "
+                         f"{max_key_dim()}: a block of 32 * ceil(Dk/{ROWS_PER_THREAD}) threads "
+                         "must fit a block's 64K registers at ptxas's count (cuda/launch_limits.json)")
     if B == 0 or T == 0:
         return out
     args = _cuda.bind(ARGS["gdn_rule_f32"], q=q, k=k, v=v, a=a, b=b, A_log=A_log,

@@ -124,7 +124,7 @@ class CudaDevice:
         return self._copy if on_copy else self._cp.cuda.get_current_stream()
 
     def record(self, ev, on_copy: bool = False) -> None:
-        ev.record(self._stream(on_copy))     # Event.record() alone would use the null stream
+        ev.record(self._stream(on_copy))     # named: Event.record() alone takes the current stream
 
     def wait(self, ev, on_copy: bool = False) -> None:
         self._stream(on_copy).wait_event(ev)

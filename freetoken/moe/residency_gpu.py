@@ -130,9 +130,10 @@ class GpuResidency:
         >= keep_lo are copied device to device. host: the layer's (gate_up, down) bank views."""
         row = self.slot_for[layer, first:first + n]
         host = (host[0][first:first + n], host[1][first:first + n])
-        self._copy("prefill_load", n, host, pool, slot_for_layer=row, dst0=dst0, keep_lo=keep_lo)
+        touches = [(p[dst0:dst0 + n], True) for p in pool] + [(p[keep_lo:], False) for p in pool]
+        self._copy("prefill_load", n, host, pool, touches, slot_for_layer=row, dst0=dst0, keep_lo=keep_lo)
 
-    def _copy(self, entry: str, rows: int, host, pool, **plan) -> None:
+    def _copy(self, entry: str, rows: int, host, pool, touches=(), **plan) -> None:
         from freetoken.kernels import _cuda
         name = f"{entry}_{_cuda.dtype_tag(pool[0])}"
         # a row is one expert as the layer stores it; a slot may be wider (pool.slot_views)
@@ -145,7 +146,7 @@ class GpuResidency:
                           rows=rows, chunks=chunks, gu_row=gu_row, dn_row=dn_row, gu_slot=gu_slot,
                           dn_slot=dn_slot, **plan)
         grid = (min(COPY_BLOCKS, rows * 2 * chunks),)
-        _cuda.launch(_cuda.kernel("residency", name), grid, (COPY_THREADS,), args)
+        _cuda.launch(_cuda.kernel("residency", name), grid, (COPY_THREADS,), args, touches=touches)
 
     def invalidate(self, lo: int, hi: int) -> None:
         from freetoken.kernels import _cuda

@@ -162,3 +162,63 @@ def test_shared_memory_never_written_reads_as_nan_in_every_block():
     k.launch((3, 1, 1), (64, 1, 1), 256, [out])
     got = from_device(out, 64, np.float32)
     assert (got[:32] == 2.0).all() and np.isnan(got[32:]).all()
+
+
+SHIFTED = r'''
+extern "C" __global__ void shifted_f32(float* y, int at) {
+  if (threadIdx.x == 0) y[at] = 1.f;
+}'''
+
+
+@pytest.mark.parametrize("at,match", [
+    (100, r"0 bytes past the end \(byte offset 400\) of the 400-byte allocation"),
+    (127, r"108 bytes past the end \(byte offset 508\) of the 400-byte allocation"),
+    (-1, r"4 bytes before the start of the 400-byte allocation"),
+    (-64, r"256 bytes before the start of the 400-byte allocation")])
+def test_writes_into_an_allocations_slack_fault_after_the_launch(at, match):
+    """The alignment padding past the end and the bytes just before the start are mapped, so no
+    guard page sees a write there; the poison checked after the launch does, naming the
+    parameter (the lowest byte written: the most negative index, the first past the end)."""
+    k = kernel(SHIFTED, "shifted_f32")
+    y = dc.alloc(400)
+    fault(k, (1, 1, 1), (32, 1, 1), 0, [y, np.int32(at)], r"parameter y points into: " + match)
+    k.launch((1, 1, 1), (32, 1, 1), 0, [y, np.int32(99)])       # reported once, then clean
+
+
+DYN_NEG = r'''
+extern "C" __global__ void dyn_neg_f32(float* out, int at) {
+  extern __shared__ float buf[];
+  if (threadIdx.x == 0) buf[at] = 3.f;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = at >= 0 ? buf[at] : 0.f;
+}'''
+
+
+def test_dynamic_shared_write_at_a_negative_index_faults():
+    """router.cu once wrote smem_p[-1]: a write just before the dynamic buffer is caught when
+    the block ends."""
+    k = kernel(DYN_NEG, "dyn_neg_f32")
+    out = dc.alloc(4)
+    k.launch((1, 1, 1), (32, 1, 1), 1024, [out, np.int32(0)])
+    fault(k, (1, 1, 1), (32, 1, 1), 1024, [out, np.int32(-1)],
+          r"wrote 4 bytes before the start of its 1024-byte dynamic shared memory")
+    fault(k, (1, 1, 1), (32, 1, 1), 1024, [out, np.int32(-64)],
+          r"wrote 256 bytes before the start")
+
+
+VEC_LOAD = r'''
+extern "C" __global__ void vec_load_f32(const float* x, float* out, int at) {
+  const float4 v = *reinterpret_cast<const float4*>(x + at);
+  if (threadIdx.x == 0) out[0] = v.x + v.y + v.z + v.w;
+}'''
+
+
+def test_a_misaligned_vector_load_faults_naming_the_line():
+    """A float4 load 4 bytes off a 16-byte boundary: a real GPU faults (misaligned address)."""
+    k = kernel(VEC_LOAD, "vec_load_f32")
+    x, out = to_device(np.arange(16, dtype=np.float32)), dc.alloc(4)
+    k.launch((1, 1, 1), (32, 1, 1), 0, [x, out, np.int32(4)])
+    assert from_device(out, 1, np.float32)[0] == 4 + 5 + 6 + 7
+    fault(k, (1, 1, 1), (32, 1, 1), 0, [x, out, np.int32(1)],
+          r"misaligned address 0x[0-9a-f]+ for type 'const struct float4', which needs 16-byte "
+          r"alignment, at /emu_test/vec_load_f32.cu:3")

@@ -10,15 +10,18 @@ from freetoken.cuda_emu import memory
 
 def test_missing_wait_on_the_copy_stream_is_caught(cp):
     """The fill pattern of the MoE runtime in miniature: an async host->device copy on the copy
-    stream, then compute on the current stream. Without the event wait the compute reads stale
-    bytes, as it would on a busy GPU; with it, the copied ones."""
+    stream, then compute on the current stream. Without the event wait the compute is not
+    ordered after the copy (on a busy GPU it reads stale bytes): the hazard check refuses it
+    when it is queued, naming both operations and where each was queued; with it, the copied
+    values."""
+    from freetoken.cuda_emu.hazards import HazardError
     from freetoken.moe.device import CudaDevice
     dev = CudaDevice()
     src = dev.pinned((4,), np.float32)
     src[:] = 3.0
 
     def run(wait: bool):
-        dst = cp.zeros(4, cp.float32)
+        dst = cp.empty(4, cp.float32)
         filled = dev.event()
         with dev.copy_stream():
             dev.h2d(dst, src)
@@ -27,8 +30,29 @@ def test_missing_wait_on_the_copy_stream_is_caught(cp):
             dev.wait(filled)
         return (dst * 2).get()
 
-    assert run(wait=False).tolist() == [0.0] * 4          # the bug shows: stale zeros
+    with pytest.raises(HazardError, match=r"\(read after write\) on bytes \[0, 16\) .*test_standin.py:\d+ "
+                                          r"\(run\), is not ordered after cudaMemcpyAsync\(16 bytes\) on stream "
+                                          r"0x[0-9a-f]+, queued at .*moe/device.py"):
+        run(wait=False)
     assert run(wait=True).tolist() == [6.0] * 4
+
+
+def test_zeroing_on_one_stream_and_filling_from_another_is_a_hazard(cp):
+    """cp.zeros is work on the current stream: a copy stream that writes the array without
+    waiting for it races with the zeroing (write after write)."""
+    from freetoken.cuda_emu.hazards import HazardError
+    from freetoken.moe.device import CudaDevice
+    dev = CudaDevice()
+    src = dev.pinned((4,), np.float32)
+    dst = cp.zeros(4, cp.float32)
+    with pytest.raises(HazardError, match=r"write after write"):
+        with dev.copy_stream():
+            dev.h2d(dst, src)
+    dst2 = cp.zeros(4, cp.float32)
+    cp.cuda.Device().synchronize()
+    with dev.copy_stream():
+        dev.h2d(dst2, src)                  # after a host synchronisation: ordered
+    cp.cuda.Device().synchronize()          # before dst2 and src go away
 
 
 def test_host_reads_a_d2h_copy_only_after_the_sync(cp):

@@ -75,5 +75,23 @@ def test_gpu_qwen_shape(lens):
 
 @pytest.mark.heavy
 def test_gpu_widest_key_head():
-    """Dk = 512: 32 warps x 16 rows, the largest block (1024 threads)."""
-    check_gpu(random_args(np.random.default_rng(6), [3, 1], 1, 2, 512, 40))
+    """The largest Dk the kernel's registers allow (272 at 120 registers: 17 warps x 16 rows)
+    runs; one more is refused by the wrapper, naming the bound."""
+    widest = gdn_rule.max_key_dim()
+    assert 128 <= widest < 512
+    check_gpu(random_args(np.random.default_rng(6), [3, 1], 1, 2, widest, 40))
+    with pytest.raises(ValueError, match=f"takes 1 to {widest}"):
+        _gpu(random_args(np.random.default_rng(6), [1], 1, 1, widest + 1, 8))
+
+
+def test_device_refuses_a_block_beyond_the_registers():
+    """Dk = 512 once launched 1024 threads x ~120 registers (122,880 > 65,536): a real launch
+    fails, and so does the emulated one, naming the limit."""
+    from freetoken.kernels import _cuda
+    cp = load_cupy()
+    kern = _cuda.kernel("gdn_rule", "gdn_rule_f32")
+    args = tuple(cp.zeros(1, cp.float32) for _ in range(11)) + tuple(np.int32(n) for n in (1, 1, 512, 8))
+    with pytest.raises(Exception, match="too many resources requested for launch") as err:
+        kern((1, 1, 1), (1024,), args)
+        cp.cuda.runtime.deviceSynchronize()
+    assert "1024 threads" in str(err.value) or "CUDA_ERROR_OUT_OF_RESOURCES" in str(err.value)

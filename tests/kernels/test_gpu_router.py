@@ -58,3 +58,17 @@ def test_gpu_at_max_e_fits_the_shared_memory_a_launch_gets():
     logits = np.random.default_rng(5).standard_normal((2, router.MAX_E)).astype(np.float32)
     ids, w = _run(logits, 8, True)
     np.testing.assert_array_equal(ids, router.ref(logits, 8, True)[0])
+
+
+def test_device_refuses_shared_memory_past_48_kib_with_the_static_part():
+    """One probability more than MAX_E: its dynamic 48,516 bytes fit 48 KiB alone, but not with
+    the kernel's 640 static bytes; a real launch fails, and the emulated one says why."""
+    from freetoken.kernels import _cuda
+    cp = load_cupy()
+    E = router.MAX_E + 1
+    args = (cp.zeros((1, E), cp.float32), cp.zeros(1, cp.int32), cp.zeros(1, cp.float32),
+            *(np.int32(n) for n in (1, E, 1, 1)))
+    with pytest.raises(Exception, match="too many resources requested for launch|OUT_OF_RESOURCES") as err:
+        _cuda.kernel("router", "router_f32")((1,), (256,), args, shared_mem=4 * E)
+        cp.cuda.runtime.deviceSynchronize()
+    assert "640 bytes of static" in str(err.value) or "OUT_OF_RESOURCES" in str(err.value)

@@ -1,8 +1,10 @@
 // alloc.cpp -- device allocations: each its own mapping with a PROT_NONE page before and after,
 // the block placed so that its end is as close to the trailing guard as 256-byte alignment of its
 // start allows (an overrun faults within 255 bytes), and filled with the poison pattern (uint16
-// 0xFFC7: NaN as bf16 and as f32) so a read of never-written memory computes NaN. Also the
-// description of a faulting address in terms of these allocations.
+// 0xFFC7: NaN as bf16 and as f32) so a read of never-written memory computes NaN. The slack
+// between the guards and the block (the alignment padding past its end, and up to kCanary bytes
+// before its start) stays poison: emu_check_slack, after each launch, names a write there, which
+// no guard page catches. Also the description of a faulting address in terms of these allocations.
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,6 +40,8 @@ bool poisoned(const void* p, size_t n) {
     if (c[i] != (((uintptr_t)(c + i) & 1) ? 0xFF : 0xC7)) return false;
   return true;
 }
+
+constexpr size_t kCanary = 256;              // bytes before a block's start that are checked
 
 static const Alloc* find(uintptr_t addr) {
   auto it = g_allocs.upper_bound(addr);
@@ -114,3 +118,32 @@ EMU_API int emu_free(void* p) {
   pthread_mutex_unlock(&g_alloc_mutex);
   return 0;
 }
+
+// 0 when the slack around the allocation holding `addr` (if any) is still poison; else 1, a
+// description of the lowest changed byte in `buf` (the most negative index before the start,
+// the first byte past the end), and the slack poisoned again (one report
+// per write).
+EMU_API int emu_check_slack(uintptr_t addr, char* buf, size_t n) {
+  const size_t page = sysconf(_SC_PAGESIZE);
+  int found = 0;
+  pthread_mutex_lock(&g_alloc_mutex);
+  const Alloc* a = find(addr);
+  if (a) {
+    const uintptr_t lo = a->start - kCanary < a->base + page ? a->base + page : a->start - kCanary;
+    const uintptr_t end = a->start + a->nbytes, hi = a->base + a->maplen - page;
+    uintptr_t bad = 0;
+    for (uintptr_t c = lo; !bad && c < a->start; ++c)
+      if (!poisoned((void*)c, 1)) bad = c;
+    for (uintptr_t c = end; !bad && c < hi; ++c)
+      if (!poisoned((void*)c, 1)) bad = c;
+    if (bad) {
+      describe(*a, bad, "", buf, n);
+      fill_poison((void*)lo, a->start - lo);
+      fill_poison((void*)end, hi - end);
+      found = 1;
+    }
+  }
+  pthread_mutex_unlock(&g_alloc_mutex);
+  return found;
+}
+

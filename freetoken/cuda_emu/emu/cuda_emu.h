@@ -114,8 +114,10 @@ inline void __syncwarp(unsigned m = 0xffffffffu) { emu_warp_op(emu::OP_SYNC, m, 
 inline unsigned __activemask() { return emu_activemask(); }
 
 // Atomics: fibers never run concurrently and switch only in runtime calls, so a plain
-// read-modify-write is already atomic with respect to every other CUDA thread.
-#define EMU_ATOMIC(NAME, EXPR) template <class T> inline T NAME(T* a, typename emu::same<T>::type v) { \
+// read-modify-write is already atomic with respect to every other CUDA thread. Not instrumented
+// in race mode (emu/race.cpp): atomics never race with each other.
+#define EMU_ATOMIC(NAME, EXPR) template <class T> __attribute__((no_sanitize("thread"))) inline T \
+    NAME(T* a, typename emu::same<T>::type v) { \
     emu::atomic_type<T>(); T old = *a; *a = (EXPR); return old; }
 EMU_ATOMIC(atomicAdd, old + v)
 EMU_ATOMIC(atomicSub, old - v)
@@ -125,15 +127,15 @@ EMU_ATOMIC(atomicMin, v < old ? v : old)
 EMU_ATOMIC(atomicAnd, old & v)
 EMU_ATOMIC(atomicOr, old | v)
 EMU_ATOMIC(atomicXor, old ^ v)
-template <class T> inline T atomicCAS(T* a, typename emu::same<T>::type cmp,
+template <class T> __attribute__((no_sanitize("thread"))) inline T atomicCAS(T* a, typename emu::same<T>::type cmp,
                                       typename emu::same<T>::type v) {
   emu::atomic_type<T>();
   T old = *a;
   if (old == cmp) *a = v;
   return old;
 }
-inline unsigned atomicInc(unsigned* a, unsigned lim) { unsigned o = *a; *a = o >= lim ? 0 : o + 1; return o; }
-inline unsigned atomicDec(unsigned* a, unsigned lim) { unsigned o = *a; *a = (o == 0 || o > lim) ? lim : o - 1; return o; }
+__attribute__((no_sanitize("thread"))) inline unsigned atomicInc(unsigned* a, unsigned lim) { unsigned o = *a; *a = o >= lim ? 0 : o + 1; return o; }
+__attribute__((no_sanitize("thread"))) inline unsigned atomicDec(unsigned* a, unsigned lim) { unsigned o = *a; *a = (o == 0 || o > lim) ? lim : o - 1; return o; }
 
 // min/max of any two arithmetic types, in their common type (CUDA's overload set, flattened)
 template <class A, class B> inline typename std::common_type<A, B>::type min(A a, B b) {

@@ -37,6 +37,14 @@ static Fiber g_fibers[kMaxThreads];
 static char* g_stacks;                      // kMaxThreads slots: guard page, then the stack
 static size_t g_page, g_slot;
 static char* g_dyn_guard;                   // the page after the dynamic shared buffer
+static char* g_dyn_lo;                      // the first byte of the dynamic shared mapping
+constexpr size_t kSmemCanary = 256;         // bytes before the dynamic buffer checked per block
+
+// The poisoned bytes before the dynamic buffer whose change reveals a write at a negative index.
+static char* dyn_canary() {
+  char* at = static_cast<char*>(emu_dyn_smem) - kSmemCanary;
+  return at < g_dyn_lo ? g_dyn_lo : at;
+}
 
 Fiber* fiber(int tid) { return &g_fibers[tid]; }
 
@@ -82,8 +90,23 @@ static void switch_to(Fiber* from, Fiber* to) {
 }
 #endif
 
+// --- schedule fuzz (FREETOKEN_CUDA_EMULATE_FUZZ=seed): a random runnable fiber runs next, and
+// the blocks of a grid run in a random order, so a kernel whose answer depends on the order the
+// device happens to pick shows it (and race mode sees other interleavings) ----------------------
+static uint64_t g_fuzz;  // xorshift64 state; 0: off (threads in wake order, blocks in order)
+
+static uint64_t fuzz_next() {
+  g_fuzz ^= g_fuzz << 13, g_fuzz ^= g_fuzz >> 7, g_fuzz ^= g_fuzz << 17;
+  return g_fuzz;
+}
+
 static Fiber* pop_runnable() {
   Block& b = g_block;
+  if (g_fuzz && b.qlen > 1) {  // swap a random runnable one to the head
+    const int k = (b.qhead + (int)(fuzz_next() % b.qlen)) % kMaxThreads;
+    const int t = b.queue[k];
+    b.queue[k] = b.queue[b.qhead], b.queue[b.qhead] = t;
+  }
   Fiber* f = &g_fibers[b.queue[b.qhead]];
   b.qhead = (b.qhead + 1) % kMaxThreads, b.qlen--;
   return f;
@@ -162,7 +185,8 @@ static void start_block() {
   Block& b = g_block;
   const Dim3 d = emu_block_dim;
   fill_poison(g_args->static_lo, g_args->static_hi - g_args->static_lo);
-  fill_poison(emu_dyn_smem, g_dyn_guard - static_cast<char*>(emu_dyn_smem));
+  fill_poison(dyn_canary(), g_dyn_guard - dyn_canary());
+  race_block_start(static_cast<char*>(emu_dyn_smem), g_args->shared_mem);
   b.exited = b.bar_waiting = b.bar_count = b.qhead = b.qlen = 0;
   for (int w = 0; w < (b.n + 31) / 32; ++w) {
     const int lanes = b.n - 32 * w < 32 ? b.n - 32 * w : 32;
@@ -198,20 +222,43 @@ static bool run_block() {
   if (!poisoned((char*)emu_dyn_smem + used, slack))
     set_fault(F_MEMORY, "wrote past the end of its %llu-byte dynamic shared memory",
               (unsigned long long)used);
+  char* canary = dyn_canary();
+  for (char* c = canary; !g_fault->kind && c < (char*)emu_dyn_smem; ++c)
+    if (!poisoned(c, 1))   // the first changed byte: the most negative index written
+      set_fault(F_MEMORY, "wrote %lld bytes before the start of its %llu-byte dynamic shared "
+                "memory (a negative index)", (long long)((char*)emu_dyn_smem - c),
+                (unsigned long long)used);
   return !g_fault->kind;
 }
 
+static uint64_t gcd(uint64_t a, uint64_t b) { return b ? gcd(b, a % b) : a; }
+
+// Blocks in order, or under fuzz i -> (start + i * stride) mod n with stride coprime to n: every
+// block once, in an order that differs from launch to launch without a table of n entries.
 int run_grid() {
   const unsigned* g = g_args->grid;
+  const uint64_t n = (uint64_t)g[0] * g[1] * g[2];
+  uint64_t start = 0, stride = 1;
+  if (g_fuzz && n > 1) {
+    start = fuzz_next() % n;
+    do stride = 1 + fuzz_next() % (n - 1); while (gcd(stride, n) != 1);
+  }
   g_running = true;
-  for (unsigned z = 0; z < g[2]; ++z)
-    for (unsigned y = 0; y < g[1]; ++y)
-      for (unsigned x = 0; x < g[0]; ++x) {
-        emu_block_idx = {x, y, z};
-        if (!run_block()) return g_fault->kind;
-      }
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t b = (start + i * stride) % n;
+    emu_block_idx = {(unsigned)(b % g[0]), (unsigned)(b / g[0] % g[1]), (unsigned)(b / g[0] / g[1])};
+    if (!run_block()) return g_fault->kind;
+  }
   return F_NONE;
 }
+
+}  // namespace emu
+
+EMU_API void emu_set_fuzz(unsigned long long seed) {
+  emu::g_fuzz = seed ? (seed * 0x9E3779B97F4A7C15ull) | 1 : 0;
+}
+
+namespace emu {
 
 void end_launch() {
   g_running = false;
@@ -231,6 +278,7 @@ static bool map_pools() {
   if (s == MAP_FAILED || d == MAP_FAILED || mprotect((char*)d + g_page, dyn, prot)) return false;
   for (int t = 0; t < kMaxThreads; ++t) mprotect((char*)s + t * g_slot, g_page, PROT_NONE);
   g_dyn_guard = (char*)d + g_page + dyn;
+  g_dyn_lo = (char*)d + g_page;
   g_stacks = (char*)s;
   return true;
 }

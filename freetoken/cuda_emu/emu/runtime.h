@@ -1,6 +1,6 @@
 // runtime.h -- what the runtime's parts share: runtime.cpp (launch, fibers, scheduler, signals),
-// sync.cpp (barriers, warp operations, __trap, the bounds-sanitizer hooks) and alloc.cpp (device
-// allocations, poison). Built once into a shared runtime .so that every kernel .so links against
+// sync.cpp (barriers, warp operations, __trap, the bounds-sanitizer hooks), alloc.cpp (device
+// allocations, poison) and race.cpp (race mode's shared-memory shadow). Built once into a shared runtime .so that every kernel .so links against
 // at load time (device_code.py loads it RTLD_GLOBAL), so all modules share one launch lock.
 #pragma once
 #include <stddef.h>
@@ -17,7 +17,7 @@ constexpr uint64_t kPoison64 = 0xFFC7FFC7FFC7FFC7ull;  // NaN as bf16 and as f32
 
 enum State { RUNNABLE, WAIT_BAR, WAIT_WARP, EXITED };
 // EmuFaultInfo.kind; device_code.py only distinguishes memory faults (they carry an address)
-enum FaultKind { F_NONE, F_MEMORY, F_BOUNDS, F_BARRIER, F_WARP, F_TRAP, F_CONFIG, F_ARITH };
+enum FaultKind { F_NONE, F_MEMORY, F_BOUNDS, F_BARRIER, F_WARP, F_TRAP, F_CONFIG, F_ARITH, F_RACE };
 
 struct Dim3 { unsigned x, y, z; };
 
@@ -81,8 +81,14 @@ void settle_active(int warp);       // sync.cpp: complete __activemask once the 
 void fill_poison(void* p, size_t n);
 bool poisoned(const void* p, size_t n);
 void describe_allocation(uintptr_t addr, char* buf, size_t n);
+// race.cpp: the orderings race mode tracks (its hooks are no-ops for uninstrumented kernels)
+void race_block_start(char* dyn, size_t dyn_len);
+void race_barrier();                // a __syncthreads released the block
+void race_warp_sync(int warp);      // a warp operation completed in `warp`
 
 }  // namespace emu
+
+extern "C" __attribute__((visibility("default"))) emu::Dim3 emu_block_dim;
 
 namespace emu {
 // runtime.cpp, for launch.cpp: the launch proper (both run under launch.cpp's lock)

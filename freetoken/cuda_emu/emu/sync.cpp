@@ -25,6 +25,7 @@ bool resolve_stall() {
     b.bar_waiting = b.bar_count = 0;
     for (int w = 0; w < (b.n + 31) / 32; ++w) b.warps[w].at_bar = 0;
     for (int t = 0; t < b.n; ++t) wake(t);
+    race_barrier();
     return true;
   }
   int first_gone = -1, first_warp = -1;
@@ -137,6 +138,7 @@ static void complete(Warp& w, int warp, int self, unsigned mask) {
   }
   w.pending &= ~mask;
   if (!w.pending) w.mixed = false;
+  race_warp_sync(warp);
   for (int l = 0; l < 32; ++l)
     if ((mask >> l & 1u) && l != self) wake(warp * 32 + l);
 }
@@ -232,4 +234,24 @@ EMU_API void __ubsan_handle_out_of_bounds(UbsanOutOfBounds* d, uintptr_t index) 
 
 EMU_API void __ubsan_handle_out_of_bounds_abort(UbsanOutOfBounds* d, uintptr_t index) {
   __ubsan_handle_out_of_bounds(d, index);
+}
+
+// -fsanitize=alignment: a load or store through a pointer its type's alignment does not divide
+// (a float4 or uint4 read at an address not 16-byte aligned faults on a GPU: misaligned address).
+struct UbsanTypeMismatch { UbsanLocation loc; const UbsanType* type; unsigned char log_alignment,
+                           check_kind; };
+
+EMU_API void __ubsan_handle_type_mismatch_v1(UbsanTypeMismatch* d, uintptr_t ptr) {
+  if (!g_cur) {
+    fprintf(stderr, "%s:%u:%u: misaligned address 0x%llx for type %s\n", d->loc.file, d->loc.line,
+            d->loc.column, (unsigned long long)ptr, d->type->name);
+    abort();
+  }
+  fault_in_fiber(F_MEMORY, "misaligned address 0x%llx for type %s, which needs %u-byte alignment, "
+                 "at %s:%u:%u", (unsigned long long)ptr, d->type->name, 1u << d->log_alignment,
+                 d->loc.file, d->loc.line, d->loc.column);
+}
+
+EMU_API void __ubsan_handle_type_mismatch_v1_abort(UbsanTypeMismatch* d, uintptr_t ptr) {
+  __ubsan_handle_type_mismatch_v1(d, ptr);
 }
