@@ -24,7 +24,7 @@ FLOORS = (
     ("models", ("freetoken.models", "freetoken.models.demo")),
     ("moe", ("freetoken.moe",)),
     ("kernels", ("freetoken.kernels", "freetoken.backend")),
-    ("device", ("freetoken.cupy_loader", "freetoken.cuda_emu")),
+    ("device", ("freetoken.cupy_loader", "freetoken.cuda_emu", "freetoken.device_limits")),
     ("ground", ("freetoken.config", "freetoken.env", "freetoken.log", "freetoken.progress",
                 "freetoken.flags", "freetoken.harnesses", "freetoken.tokenizer", "freetoken.grammar")),
 )
@@ -32,7 +32,9 @@ CIRCLES_ALLOWED_UNDER = "freetoken.cuda_emu"   # the emulator mirrors CuPy's own
 
 MAX_MODULE_LINES = 300      # code lines per module
 MAX_FUNCTION_LINES = 40     # code lines per function or method
-MAX_PACKAGE_LINES = 15_000  # the whole package; raising it is a decision for review, not a reflex
+# the whole package; raising it is a decision for review, not a reflex. 15,000 -> 15,300
+# (2026-12-04): the emulator's race, stream-hazard, slack and launch-limit checks (~320 lines)
+MAX_PACKAGE_LINES = 15_300
 
 
 def _module_name(path: Path) -> str:
