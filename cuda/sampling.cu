@@ -2,7 +2,9 @@
 // 1/temperature, top-k, top-p, min-p, renormalise, inverse CDF at the row's given uniform.
 // Wrapper: freetoken/kernels/sampling.py   Spec: sampling.ref   Test: tests/kernels/test_gpu_sampling.py
 // Launch: grid (B,), block (threads(V) <= 1024,); one block per row, no scratch memory.
-// Needs: logits [B,V] and the per-row parameter arrays [B] C-contiguous; finite logits.
+// Needs: logits [B,V] and the per-row parameter arrays [B] C-contiguous. Non-finite rows: greedy
+// reads NaN as -inf; a sampled row with a NaN or +inf scaled logit, or all -inf, takes its greedy
+// token (sampling.ref's rule), so the id is always in [0, V).
 //
 // Sort-free. Tokens are ordered by e = exp(z/T - max) descending, ties by lower id. Every filter
 // keeps a prefix of that order, so each is a "cut": the last kept (value bits, id); a token is
@@ -136,9 +138,11 @@ __device__ int inverse_cdf(const Row& r, K kept, float u, Scratch& s) {
     return nth_id(r, tied, n, s);
 }
 
+// argmax with NaN read as -inf (sampling.ref's rule), ties to the lowest id
 __device__ int greedy(const float* z, int V, Scratch& s) {
-    ArgMax best = {0.0f, -1};
-    for (int i = threadIdx.x; i < V; i += blockDim.x) best = better(best, ArgMax{z[i], i});
+    ArgMax best = {neg_inf(), -1};
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+        best = better(best, ArgMax{isnan(z[i]) ? neg_inf() : z[i], i});
     return block_argmax(best, s.am).i;
 }
 
@@ -170,8 +174,19 @@ extern "C" __global__ void sampling_f32(const float* logits, const float* temper
     } else {
         Row r = {z, V, 1.0f / temp, neg_inf()};
         float m = neg_inf();
-        for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, __fmul_rn(z[i], r.inv_t));
+        int nan_seen = 0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            const float zi = __fmul_rn(z[i], r.inv_t);
+            m = fmaxf(m, zi);                      // fmaxf skips NaN: counted apart
+            nan_seen |= isnan(zi);
+        }
+        nan_seen = __syncthreads_or(nan_seen);
         r.m = block_max(m, s.f);
+        if (nan_seen || !(r.m > neg_inf() && r.m < -neg_inf())) {  // no softmax: the greedy token
+            token = greedy(z, V, s);
+            if (threadIdx.x == 0) out[row] = token;
+            return;
+        }
         const int k = top_k[row];
         const float p = top_p[row], floor_e = fminf(fmaxf(min_p[row], 0.0f), 1.0f);
         const Cut ck = (k > 0 && k < V) ? top_k_cut(r, k, s) : Cut{0u, V - 1};

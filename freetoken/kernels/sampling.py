@@ -7,6 +7,10 @@ renormalise them; keep the shortest prefix whose mass reaches top_p (token i sta
 before it is < top_p; top_p <= 0 or >= 1: all); drop p < min_p * p_max; drop p == 0; renormalise;
 return the first token whose cumulative probability exceeds the row's uniform u in [0, 1).
 
+Non-finite rows (every implementation follows ``ref``): greedy reads a NaN logit as -inf. A
+sampled row whose scaled logits hold a NaN or +inf, or are all -inf, has no distribution to draw
+from (the softmax is NaN): it takes its greedy token, so the id is always in [0, V).
+
 Optional ``mask`` int32[B, ceil(V/32)] (constrained decoding): bit ``t & 31`` of word ``t >> 5``
 set means token t is allowed. Disallowed tokens get logit -inf before everything above, so greedy
 is the masked argmax and sampling draws from the masked distribution. A row of all -1 words is
@@ -16,6 +20,19 @@ import numpy as np
 from numba import njit
 
 FIRST_PREFIX = 64  # cpu: sorted candidates tried first; typical LLM rows decide within these
+
+
+def _greedy(z):
+    """argmax with NaN read as -inf, ties to the lowest id."""
+    z = np.asarray(z, np.float32)
+    return int(np.argmax(np.where(np.isnan(z), np.float32(-np.inf), z)))
+
+
+def _no_distribution(z, temperature) -> bool:
+    """Whether the scaled logits give no softmax: a NaN or +inf among them, or all -inf."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.asarray(z, np.float32) * (np.float32(1.0) / np.float32(temperature))
+    return bool(np.isnan(s).any() or not np.isfinite(s.max()))
 
 
 def _probs(z, temperature):
@@ -31,8 +48,8 @@ def _pick(q, u):
 
 
 def _ref_row(z, temperature, top_k, top_p, min_p, u):
-    if temperature <= 0:
-        return int(np.argmax(z))
+    if temperature <= 0 or _no_distribution(z, temperature):
+        return _greedy(z)
     p = _probs(z, temperature)
     order = np.argsort(-p, kind="stable")
     q = p[order]
@@ -78,8 +95,8 @@ def _sorted_prefix(p, m):
 def _cpu_row(z, temperature, top_k, top_p, min_p, u):
     """``_ref_row`` without sorting the vocabulary: filter a sorted prefix of the order, and
     double it until the kept set ends inside it (or, with no filter, the CDF passes u)."""
-    if temperature <= 0:
-        return int(np.argmax(z))
+    if temperature <= 0 or _no_distribution(z, temperature):
+        return _greedy(z)
     p = _probs(z, temperature)
     V = p.shape[0]
     m = max(FIRST_PREFIX, top_k if 0 < top_k < V else 0)

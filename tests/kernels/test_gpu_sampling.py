@@ -109,3 +109,14 @@ def test_gpu_with_a_mask():
     masked = np.where(allowed, logits, -np.inf).astype(np.float32)
     for b in np.flatnonzero(got != expect):
         assert got[b] in _accepted(masked[b], *[a[b] for a in params]), (b, got[b], expect[b])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_gpu_follows_ref_on_non_finite_rows(temperature):
+    """Ids in [0, V) and ref's: a sampled NaN / +inf / all -inf row once came back as token V."""
+    from tests.kernels.test_sampling import non_finite_args
+    cp = load_cupy()
+    args = non_finite_args(temperature)
+    out = cp.full(args[0].shape[0], -7, cp.int32)
+    got = sampling.gpu(*[cp.asarray(a) for a in args], out).get()
+    np.testing.assert_array_equal(got, sampling.ref(*args))

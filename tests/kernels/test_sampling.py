@@ -147,3 +147,30 @@ def test_cpu_matches_ref_with_a_mask(V):
     # no mask and an all-ones mask are the unmasked op
     ones = np.full_like(mask, -1)
     np.testing.assert_array_equal(sampling.cpu(logits, *params, mask=ones), sampling.cpu(logits, *params))
+
+
+def non_finite_rows(V=50):
+    """A NaN, a +inf, a -inf among finite logits, all -inf, all NaN, and a finite row."""
+    rows = np.tile(np.linspace(-1.0, 1.0, V, dtype=np.float32), (6, 1))
+    rows[0, 5], rows[1, 3], rows[2, V - 1] = np.nan, np.inf, -np.inf
+    rows[3], rows[4] = -np.inf, np.nan
+    return rows
+
+
+def non_finite_args(temperature, V=50):
+    rows = non_finite_rows(V)
+    B = rows.shape[0]
+    return (rows, np.full(B, temperature, np.float32), np.zeros(B, np.int32), np.ones(B, np.float32),
+            np.zeros(B, np.float32), np.full(B, 0.5, np.float32))
+
+
+@pytest.mark.parametrize("impl", [sampling.ref, sampling.cpu])
+def test_non_finite_rows_take_the_greedy_token_with_nan_as_minus_inf(impl):
+    """The rule sampling.py writes down: greedy reads NaN as -inf; a sampled row with no softmax
+    (NaN, +inf, all -inf) takes its greedy token; -inf among finite logits samples as usual."""
+    greedy = impl(*non_finite_args(0.0))
+    np.testing.assert_array_equal(greedy, [49, 3, 48, 0, 0, 49])
+    sampled = impl(*non_finite_args(1.0))
+    np.testing.assert_array_equal(sampled[[0, 1, 3, 4]], [49, 3, 0, 0])
+    assert 0 <= sampled[2] < 49 and 0 <= sampled[5] < 50
+    np.testing.assert_array_equal(sampled, sampling.ref(*non_finite_args(1.0)))
