@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(RES_THREADS) residency_step_i32(
   if (tid == 0) s_now = *clock + 1, *clock = s_now, s_misses = 0, s_hits = 0;  // part 1
   __syncthreads();
   for (int p = tid; p < P; p += blockDim.x)  // the distinct routed experts (order is irrelevant:
-    if (ids[p] >= 0 && ids[p] < E) routed[ids[p]] = 1;  // the fill order below is total)
+    if (ids[p] >= 0 && ids[p] < E) atomicOr(&routed[ids[p]], 1);  // the fill order below is total)
   __syncthreads();
   const long long now = s_now;
   for (int e = tid; e < E; e += blockDim.x) {  // part 2: hits; misses collected

@@ -109,3 +109,22 @@ def test_decode_chunks_fill_the_gpu_and_fit_shared_memory():
         nch = -(-C // CH)
         enough = min(attention.TARGET_BLOCKS, -(-C // 32) * T * G) // 2
         assert nch * T * G >= enough or CH == attention.MAX_CHUNK, (T, G, C, CH)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_gpu_decode_on_a_cache_not_16_byte_aligned(dtype):
+    """A KV cache view starting one element into its allocation (a pool's later part, say): the
+    decode kernel must take its scalar loads there (a vector load would fault on a GPU)."""
+    cp = load_cupy()
+    q, k_cache, v_cache, table, seq, pos, scale = case([40, 7], [1, 1], 2, 2, 64, dtype)
+    dev = []
+    for c in (k_cache, v_cache):
+        flat = cp.zeros(c.size + 1, c.dtype)
+        flat[1:] = cp.asarray(c.reshape(-1))
+        dev.append(flat[1:].reshape(c.shape))
+    assert dev[0].data.ptr % 16 != 0
+    out = cp.full(q.shape, np.nan, cp.float32)
+    attention.gpu(cp.asarray(q), *dev, cp.asarray(table), cp.asarray(seq), cp.asarray(pos), scale, out)
+    assert_close("attention decode, unaligned cache", attention.ref(q, k_cache, v_cache, table, seq, pos, scale),
+                 out.get(), 2e-5, 1e-3)

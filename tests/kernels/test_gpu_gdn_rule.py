@@ -73,15 +73,19 @@ def test_gpu_qwen_shape(lens):
     check_gpu(random_args(np.random.default_rng(len(lens)), lens, 16, 32, 128, 128, init=0.1))
 
 
-@pytest.mark.heavy
-def test_gpu_widest_key_head():
-    """The largest Dk the kernel's registers allow (272 at 120 registers: 17 warps x 16 rows)
-    runs; one more is refused by the wrapper, naming the bound."""
+def test_the_key_dim_bound_comes_from_the_registers():
+    """ptxas's ~120 registers a thread let a block hold 17 warps (Dk <= 272), not the 32 of
+    Dk = 512; one past the bound is refused by the wrapper, naming it, before any launch."""
     widest = gdn_rule.max_key_dim()
-    assert 128 <= widest < 512
-    check_gpu(random_args(np.random.default_rng(6), [3, 1], 1, 2, widest, 40))
+    assert 128 <= widest < 512 and widest % gdn_rule.ROWS_PER_THREAD == 0
     with pytest.raises(ValueError, match=f"takes 1 to {widest}"):
         _gpu(random_args(np.random.default_rng(6), [1], 1, 1, widest + 1, 8))
+
+
+@pytest.mark.heavy
+def test_gpu_widest_key_head():
+    """The largest Dk the kernel's registers allow runs and matches ref."""
+    check_gpu(random_args(np.random.default_rng(6), [3, 1], 1, 2, gdn_rule.max_key_dim(), 40))
 
 
 def test_device_refuses_a_block_beyond_the_registers():

@@ -45,3 +45,14 @@ def test_gpu_zero_rows_launch_nothing():
         assert_launches(lambda: rms_norm.gpu(x, w, 1e-6, out), launched)
     assert_close("rms_norm gpu one row", rms_norm.ref(x.get(), w.get(), 1e-6), out.get(),
                  1e-5, 1e-5)
+
+
+def test_gpu_rows_where_epsilon_matters():
+    """A zero row (0 / sqrt(0 + eps) is 0, not NaN) and rows of magnitude 1e-4, whose mean
+    square (1e-8) is small beside eps = 1e-6."""
+    cp = load_cupy()
+    x, w = _inputs(4, 96, "f32")
+    x[0], x[1:] = 0.0, x[1:] * 1e-4
+    out = cp.full(x.shape, np.nan, cp.float32)
+    rms_norm.gpu(cp.asarray(x), cp.asarray(w), 1e-6, out)
+    assert_close("rms_norm gpu, eps-sized rows", rms_norm.ref(x, w, 1e-6), out.get(), 1e-6, 1e-5)
