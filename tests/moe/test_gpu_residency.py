@@ -301,7 +301,7 @@ def test_wrappers_bind_every_argument(monkeypatch):
     monkeypatch.setattr(residency_gpu, "load_cupy", lambda: np)   # the loader also wants cupyx
     launches = []
     monkeypatch.setattr(_cuda, "kernel", lambda name, entry, defines=(): (name, entry))
-    monkeypatch.setattr(_cuda, "launch", lambda k, grid, block, args, shared_mem=0:
+    monkeypatch.setattr(_cuda, "launch", lambda k, grid, block, args, shared_mem=0, touches=():
                         launches.append((k[1], grid, block, args, shared_mem)))
     L, E, S, H, I = 3, 16, 40, 24, 8
     res = residency_gpu.GpuResidency(L, E, S)
