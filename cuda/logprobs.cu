@@ -3,7 +3,8 @@
 // Wrapper: freetoken/kernels/logprobs.py   Spec: logprobs.ref   Test: tests/kernels/test_gpu_logprobs.py
 // Launch: grid (B,), block (threads(V) <= 1024,); one block per row, no dynamic shared memory.
 // Needs: logits [B,V], chosen [B], lp_chosen [B], top_ids / top_lp [B,k] C-contiguous;
-//   0 <= k <= min(V, MAX_K); logits finite or -inf (NaN is not ordered).
+//   0 <= k <= min(V, MAX_K). Non-finite rows (logprobs.ref's rule): the order reads NaN as -inf;
+//   a NaN or +inf logit, or a row of -inf, makes the sum NaN and so every logprob NaN.
 //
 // Pass 1 reads the row once: each thread keeps the k best (logit, id) of its strided slice in a
 // sorted list in local memory, and its max; pass 2 sums expf(z - max). The block's next best
@@ -47,7 +48,7 @@ __device__ float scan_row(const float* z, int V, int k, TopList& l, Scratch& s) 
     float m = neg_inf(), kth = neg_inf();
     l.n = 0;
     for (int t = threadIdx.x; t < V; t += blockDim.x) {
-        const float x = z[t];
+        const float x = isnan(z[t]) ? neg_inf() : z[t];   // NaN orders as -inf; the sum sees it
         m = fmaxf(m, x);
         if (k > 0 && (l.n < k || x > kth)) {
             list_insert(l, k, x, t);

@@ -8,6 +8,10 @@ logits (before temperature, penalties, logit_bias and grammar masks), as vLLM re
 Used for sampled tokens (one row per sequence) and for prompt tokens (one row per position,
 chosen = the next prompt token).
 
+Non-finite rows (every implementation follows ``ref``): the order reads a NaN logit as -inf; a NaN
+or +inf logit, or a row of -inf, has no softmax, so every logprob of the row is NaN (NaN is
+reported, not a made-up number).
+
 cpu: numba without sorting the vocabulary (its docstring says how its sums differ from ref's);
 gpu: one block per row, cuda/logprobs.cu.
 """
@@ -19,7 +23,8 @@ from freetoken.kernels._numba import from_bits, njit, prange
 def _log_softmax(z):
     z = np.asarray(z, np.float32)
     m = z.max()
-    return (z - m) - np.float32(np.log(np.exp(z - m, dtype=np.float32).sum(dtype=np.float32)))
+    with np.errstate(invalid="ignore"):                 # non-finite rows: NaN (the rule above)
+        return (z - m) - np.float32(np.log(np.exp(z - m, dtype=np.float32).sum(dtype=np.float32)))
 
 
 def ref(logits, chosen, k, out=None):
@@ -32,7 +37,8 @@ def ref(logits, chosen, k, out=None):
     for b in range(B):
         lp = _log_softmax(logits[b])
         lp_chosen[b] = lp[chosen[b]]
-        order = np.argsort(-logits[b], kind="stable")[:k]
+        z = np.asarray(logits[b], np.float32)
+        order = np.argsort(-np.where(np.isnan(z), np.float32(-np.inf), z), kind="stable")[:k]
         top_ids[b], top_lp[b] = order, lp[order]
     return out
 
@@ -59,7 +65,7 @@ def _exp_neg(x):
     r = (xc + fn * _LN2_HI) + fn * _LN2_LO
     p = (((((_C0 * r + _C1) * r + _C2) * r + _C3) * r + _C4) * r + _C5) * (r * r) + r + _ONE
     e = p * from_bits(np.uint32(np.int32(127) - n) << np.uint32(23))
-    return e if x > _FLOOR else _ZERO
+    return e if x > _FLOOR else (_ZERO if x == x else x)   # NaN stays NaN: no softmax (ref)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -110,8 +116,9 @@ def _top(z, k, ids, vals):
             if above == 0:
                 continue
         for t in range(base, top):
-            if n < k or z[t] > thr:
-                n = _insert(z[t], t, n, k, ids, vals)
+            x = z[t] if z[t] == z[t] else np.float32(-np.inf)     # NaN orders as -inf (ref)
+            if n < k or x > thr:
+                n = _insert(x, t, n, k, ids, vals)
                 thr = vals[k - 1] if n == k else thr
     return vals[0]
 

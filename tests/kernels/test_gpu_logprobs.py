@@ -100,3 +100,18 @@ def test_eager_backend_allocates_or_takes_out():
     expect = logprobs.ref(logits, chosen, 4)
     for a, b in zip(out, expect):
         np.testing.assert_allclose(a.get(), b, atol=ATOL, rtol=RTOL)
+
+
+def test_gpu_follows_ref_on_non_finite_rows():
+    """ids as ref's (an all-NaN row once came back [0, 16, 8]), NaN where ref has NaN."""
+    from tests.kernels.test_logprobs import non_finite_rows
+    cp = load_cupy()
+    rows, chosen = non_finite_rows()
+    k, B = 3, rows.shape[0]
+    out = (cp.full(B, 7, cp.float32), cp.full((B, k), -7, cp.int32), cp.full((B, k), 7, cp.float32))
+    got = [a.get() for a in logprobs.gpu(cp.asarray(rows), cp.asarray(chosen), k, out)]
+    want = logprobs.ref(rows, chosen, k)
+    np.testing.assert_array_equal(got[1], want[1])
+    for w, g in ((want[0], got[0]), (want[2], got[2])):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(g[np.isfinite(w)], w[np.isfinite(w)], rtol=1e-5, atol=1e-5)

@@ -130,3 +130,31 @@ def test_cpu_argument_errors():
         logprobs.cpu(logits, np.zeros(3, np.int32), 2)
     empty = logprobs.cpu(np.zeros((0, 10), np.float32), np.zeros(0, np.int32), 3)
     assert empty[1].shape == (0, 3)
+
+
+def non_finite_rows(V=50):
+    """A NaN first, a +inf, a -inf among finite logits, all -inf, all NaN, and a finite row."""
+    rows = np.tile(np.linspace(-1.0, 1.0, V, dtype=np.float32), (6, 1))
+    rows[0, 0], rows[1, 3], rows[2, V - 1] = np.nan, np.inf, -np.inf
+    rows[3], rows[4] = -np.inf, np.nan
+    return rows, np.array([0, 3, V - 1, 0, 0, 7], np.int32)
+
+
+def test_ref_rule_for_non_finite_rows():
+    """NaN orders as -inf; a row with no softmax (NaN, +inf, all -inf) has NaN logprobs."""
+    rows, chosen = non_finite_rows()
+    lp, ids, top = logprobs.ref(rows, chosen, 3)
+    np.testing.assert_array_equal(ids[[0, 1, 2, 3, 4]], [[49, 48, 47], [3, 49, 48], [48, 47, 46],
+                                                         [0, 1, 2], [0, 1, 2]])
+    assert np.isnan(lp[[0, 1, 3, 4]]).all() and np.isnan(top[[0, 1, 3, 4]]).all()
+    assert lp[2] == -np.inf and np.isfinite(top[[2, 5]]).all() and np.isfinite(lp[5])
+
+
+def test_cpu_follows_ref_on_non_finite_rows():
+    """cpu once ordered a leading NaN first and gave finite logprobs to a row holding a NaN."""
+    rows, chosen = non_finite_rows()
+    want, got = logprobs.ref(rows, chosen, 3), logprobs.cpu(rows, chosen, 3)
+    np.testing.assert_array_equal(got[1], want[1])
+    for w, g in ((want[0], got[0]), (want[2], got[2])):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(g[np.isfinite(w)], w[np.isfinite(w)], rtol=1e-5, atol=1e-5)
