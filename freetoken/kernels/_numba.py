@@ -18,8 +18,11 @@ import numpy as np
 
 from freetoken.env import home
 
-HOT = dict(parallel=True, fastmath=True, cache=True, nogil=True)  # options for bandwidth kernels
-SERIAL = dict(fastmath=True, cache=True, nogil=True)              # small helpers and serial kernels
+# error_model="numpy": a float division by zero gives inf or NaN, as the numpy ref does, where
+# numba's default raised ZeroDivisionError (rms_norm.cpu on a row holding inf did: a model whose
+# activations overflow got an exception instead of ref's answer)
+HOT = dict(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")  # bandwidth kernels
+SERIAL = dict(fastmath=True, cache=True, nogil=True, error_model="numpy")  # small helpers, serial kernels
 
 # the files whose overloads any kernel may inline: part of every kernel's cache stamp (below)
 _OVERLOAD_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)

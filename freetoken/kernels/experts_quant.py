@@ -50,7 +50,7 @@ def _gate_up(x, gu, code, int8, uniq, offs, ptok, h):
                 h[p, r] = dot_token(row, code, xa, ptok[p], int8)
 
 
-@njit(**SERIAL, error_model="numpy")
+@njit(**SERIAL)
 def _swiglu(h, act):
     """act[p, i] = silu(h[p, i]) * h[p, I + i], on the vectorizing exp (kernels/_activations.py;
     np.exp's libm call per value was 16 us a decode call, 4096 values)."""

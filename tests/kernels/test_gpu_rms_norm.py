@@ -56,3 +56,15 @@ def test_gpu_rows_where_epsilon_matters():
     out = cp.full(x.shape, np.nan, cp.float32)
     rms_norm.gpu(cp.asarray(x), cp.asarray(w), 1e-6, out)
     assert_close("rms_norm gpu, eps-sized rows", rms_norm.ref(x, w, 1e-6), out.get(), 1e-6, 1e-5)
+
+
+def test_gpu_follows_ref_on_non_finite_rows():
+    from tests.kernels.test_rms_norm import non_finite_rows
+    cp = load_cupy()
+    x, w = non_finite_rows(), np.ones(64, np.float32)
+    with np.errstate(all="ignore"):
+        want = rms_norm.ref(x, w, 1e-6)
+    out = cp.full(x.shape, 7.0, cp.float32)
+    got = rms_norm.gpu(cp.asarray(x), cp.asarray(w), 1e-6, out).get()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-5, atol=1e-6)

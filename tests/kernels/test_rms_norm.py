@@ -37,3 +37,21 @@ def test_eps_dominates_a_zero_row():
     out = rms_norm.cpu(x, w, 1e-2)
     np.testing.assert_array_equal(out[0], 0.0)
     assert_close("rms_norm eps", 1e-4 / np.sqrt(1e-8 + 1e-2) * np.ones(32), out[1], 0, 1e-5)
+
+
+def non_finite_rows(H=64):
+    """A NaN, a +inf, a row of -inf, a value whose square overflows, and a finite row."""
+    x = np.random.default_rng(0).standard_normal((5, H)).astype(np.float32)
+    x[0, 3], x[1, 2], x[2], x[3, 5] = np.nan, np.inf, -np.inf, 1e30
+    return x
+
+
+def test_cpu_follows_ref_on_non_finite_rows():
+    """numba's default error model raised ZeroDivisionError here (on a row holding inf): the
+    kernels now divide as numpy does, so NaN and 0 land where ref puts them."""
+    x, w = non_finite_rows(), np.ones(64, np.float32)
+    with np.errstate(all="ignore"):
+        want = rms_norm.ref(x, w, 1e-6)
+    got = rms_norm.cpu(x, w, 1e-6)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-5, atol=1e-6)
