@@ -8,6 +8,7 @@ naming the limit; wrappers whose block grows with a shape (gdn_rule) bound it by
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -18,7 +19,6 @@ WARP = 32
 SHARED_DEFAULT = 48 * 1024         # static + dynamic, without the opt-in
 SHARED_OPTIN = 227 * 1024          # static + dynamic with it (sm_90)
 TABLE = "launch_limits.json"
-_loaded: dict = {}
 
 
 def cuda_dir() -> Path:
@@ -33,13 +33,11 @@ def cuda_dir() -> Path:
                             "holds common.cuh")
 
 
+@functools.cache
 def table() -> dict[str, dict]:
-    """cuda/launch_limits.json: {entry: {file, registers: {arch: n}, static_smem, stack, spills}}."""
-    path = cuda_dir() / TABLE
-    stamp = path.stat().st_mtime_ns
-    if _loaded.get("stamp") != stamp:              # re-read when regenerated
-        _loaded.update(stamp=stamp, table=json.loads(path.read_text()))
-    return _loaded["table"]
+    """cuda/launch_limits.json: {entry: {file, registers: {arch: n}, static_smem, stack, spills}},
+    read once (every emulated launch consults it)."""
+    return json.loads((cuda_dir() / TABLE).read_text())
 
 
 def block_registers(registers: int, threads: int) -> int:

@@ -16,9 +16,7 @@ def enqueue(name: str, fn, reads=(), writes=()) -> None:
 
 def sync_current(what: str, stream=None) -> None:
     host_sync(what)
-    stream = stream or get_current_stream()
-    stream.run_until(None)
-    hazards.host_waited(hazards.recorded(stream.ptr))
+    (stream or get_current_stream()).drain_for_host()
 
 
 def from_host(host: np.ndarray) -> "nd.ndarray":

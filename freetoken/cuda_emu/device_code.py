@@ -12,7 +12,7 @@ thread reaches, a warp operation whose mask names an exited lane.
 Also seen: a write into the slack around an allocation a kernel was passed (its alignment
 padding past the end, the 256 bytes before its start: poison checked after the launch), a write
 at a negative index of dynamic shared memory (256 poisoned bytes before it), and a launch a real
-GPU refuses for its registers or its static + dynamic shared memory (kernels/launch_limits.py,
+GPU refuses for its registers or its static + dynamic shared memory (freetoken/device_limits.py,
 ptxas's numbers).
 
 Races on shared memory, in race mode (FREETOKEN_CUDA_EMULATE_RACES=1, emu/race.cpp): two
@@ -21,10 +21,10 @@ warp, a warp operation), named with both accesses' file:line.
 
 Not seen: races outside race mode (threads run one at a time between barriers and warp
 operations, so a racy kernel computes a serial answer, and blocks run in order), races on
-global memory, a read of the slack (it reads
-poison), an underrun further than 256 bytes but within the first page, pointer arithmetic past
-a static shared array (only indexing is checked), an endless loop (it hangs). Numerics are the host's: glibc expf/sincosf, no FMA contraction, no
-flush-to-zero.
+global memory, a read of the slack (it reads poison), an underrun further than 256 bytes but
+within the first page, pointer arithmetic past a static shared array (only indexing is
+checked), an endless loop (it hangs). Numerics are the host's: glibc expf/sincosf, no FMA
+contraction, no flush-to-zero.
 
 Builds are cached in ``env.home()/cuda_emu``, keyed by the code, every header it includes, the
 runtime's sources, the compiler and the flags. Kernel classes live in device_launch.py.

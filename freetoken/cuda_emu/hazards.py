@@ -64,9 +64,9 @@ def site() -> str:
     return f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})" if f else "?"
 
 
-def queued(stream_ptr: int, after: list[int], name: str, ranges) -> tuple[int, dict]:
+def queued(stream_ptr: int, after: list[int], name: str, ranges) -> None:
     """An operation queued on ``stream_ptr`` (also ordered after the streams ``after``: the
-    legacy stream's rule), touching ``ranges``: checked, recorded; its (clock, vector clock)."""
+    legacy stream's rule), touching ``ranges``: checked against the other streams, recorded."""
     with _lock:
         vc = clock_of(stream_ptr)
         _join(vc, _host)
@@ -78,7 +78,6 @@ def queued(stream_ptr: int, after: list[int], name: str, ranges) -> tuple[int, d
             for lo, hi, write in ranges:
                 if hi > lo:
                     _access(Access(lo, hi, write, stream_ptr, vc[stream_ptr], name, where), vc)
-        return vc[stream_ptr], dict(vc)
 
 
 def _ordered(a: Access, vc: dict) -> bool:

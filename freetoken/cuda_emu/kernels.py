@@ -79,9 +79,8 @@ class RawKernel:
     def _ranges(self, args) -> list:
         """The device bytes the launch may touch: each array argument, each raw pointer to the
         end of its allocation; written unless its parameter is const (hazards.py)."""
-        params = self._params or [(f"arg{i}", True, False) for i in range(len(args))]
         out = []
-        for (_, is_ptr, is_const), a in zip(params, args):
+        for (_, is_ptr, is_const), a in zip(self._param_table(len(args)), args):
             r = hazards.array_range(a, not is_const) if isinstance(a, ndarray) else \
                 hazards.pointer_range(a, not is_const) if is_ptr and isinstance(a, (int, np.integer)) else None
             if r is not None:
@@ -102,9 +101,13 @@ class RawKernel:
         for (name, a), old in zip(outputs, before):
             self._check_nan(name, a, old, arrays)
 
+    def _param_table(self, n: int) -> list:
+        """(name, pointer, const) per parameter; a kernel without a parsed signature: n
+        writable pointers."""
+        return self._params or [(f"arg{i}", True, False) for i in range(n)]
+
     def _outputs(self, arrays):
-        params = self._params or [(f"arg{i}", True, False) for i in range(len(arrays))]
-        return [(p[0], a) for p, a in zip(params, arrays)
+        return [(p[0], a) for p, a in zip(self._param_table(len(arrays)), arrays)
                 if a is not None and p[1] and not p[2] and a.nbytes <= CHECK_BYTES
                 and a.dtype in (np.float32, np.uint16)]
 

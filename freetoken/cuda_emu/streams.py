@@ -116,6 +116,11 @@ class Stream:
 
     def synchronize(self) -> None:
         host_sync(f"Stream({self.ptr:#x}).synchronize()")
+        self.drain_for_host()
+
+    def drain_for_host(self) -> None:
+        """The host waits for all queued work: it runs, and what the host queues later follows
+        it (hazards.py)."""
         self.run_until(None)
         hazards.host_waited(hazards.recorded(self.ptr))
 
@@ -201,8 +206,7 @@ def host_sync(what: str) -> None:
 def synchronize_all(what: str = "Device().synchronize()") -> None:
     host_sync(what)
     for s in [NULL] + list(_ALL_STREAMS):
-        s.run_until(None)
-        hazards.host_waited(hazards.recorded(s.ptr))
+        s.drain_for_host()
 
 
 def _no_capture_allocation(what: str) -> None:

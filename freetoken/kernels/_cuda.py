@@ -5,6 +5,7 @@ CuPy is imported lazily inside functions: importing this module never touches CU
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from pathlib import Path
@@ -100,10 +101,7 @@ def launch(kern, grid, block, args, shared_mem=0, touches=()) -> None:
     entry = getattr(kern, "name", repr(kern))
     declared = getattr(load_cupy(), "_declared_touches", None) if touches else None
     try:
-        if declared is not None:
-            with declared(touches):
-                kern(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem))
-        else:
+        with declared(touches) if declared is not None else contextlib.nullcontext():
             kern(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem))
     except Exception as e:
         raise RuntimeError(f"launch of kernel {entry} failed: {e}") from e
