@@ -146,10 +146,29 @@ def describe_address(addr: int | None) -> str:
 
 
 def host_view(ptr: int, nbytes: int) -> np.ndarray:
-    """uint8[nbytes] over raw memory at ptr (device memory is host memory here)."""
+    """uint8[nbytes] over raw memory at ptr (device memory is host memory here). A view into a
+    device allocation keeps it alive: a numpy array outliving its allocation would read unmapped
+    pages (pytest printing a failed test's locals crashed so)."""
     if nbytes == 0:
         return np.empty(0, np.uint8)
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+    buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
+    hit = DEVICE.find(ptr)
+    buf.owner = hit[2] if hit is not None else None
+    return np.frombuffer(buf, np.uint8)
+
+
+def owners(ranges) -> list:
+    """The live device allocations and pinned buffers holding ``ranges`` ((lo, hi, write)): a
+    queued operation keeps them, as CuPy's pools do not hand out a block that queued work still
+    uses (frees in stream order; pinned blocks watched by an event), so an array dropped after
+    its last use was queued does not go away under that use."""
+    found = []
+    for lo, hi, _ in ranges:
+        hit = DEVICE.find(lo) if hi > lo else None
+        hit = hit if hit is not None else (PINNED.find(lo) if hi > lo else None)
+        if hit is not None:
+            found.append(hit[2])
+    return found
 
 
 def poison_count(view: np.ndarray) -> int:

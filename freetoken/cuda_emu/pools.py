@@ -2,7 +2,8 @@
 may allocate from), ``using_allocator``, and the pinned memory pool.
 
 A pool here hands out fresh guard-paged allocations (memory.Allocation) and caches nothing: a
-freed block is unmapped at once, so a use after free faults instead of reading a recycled block.
+block is unmapped once nothing refers to it (queued operations keep what they touch, as CuPy's
+stream-ordered frees allow), so a use after free faults instead of reading a recycled block.
 """
 from __future__ import annotations
 

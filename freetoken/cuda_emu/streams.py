@@ -4,8 +4,9 @@ Every device operation (kernel launch, copy, numpy-style array op) is a closure 
 current stream; it runs only when something forces it: a stream, event or device synchronize, a
 blocking copy to the host, an event recorded after it that another stream waits on when that
 stream's work runs. So code that reads a copy's destination without the right wait sees stale
-bytes, as it would on a GPU under load. The legacy default stream (ptr 0) waits for earlier work of
-blocking streams and they for it; ``Stream(non_blocking=True)`` streams are ordered with nothing.
+bytes, as it would on a GPU under load (under the fuzz, stream_fuzz.py also runs work early, at
+random). The legacy default stream (ptr 0) waits for earlier work of blocking streams and they for
+it; ``Stream(non_blocking=True)`` streams are ordered with nothing.
 
 Capture (``begin_capture``/``end_capture``) records the closures into a ``Graph`` instead; during a
 capture a host synchronisation, a pageable host copy on the capturing stream, the legacy stream,
@@ -18,8 +19,8 @@ import itertools
 import threading
 import time
 
-from freetoken.cuda_emu import hazards
-from freetoken.cuda_emu.memory import _CAPTURE_GUARD, CaptureError
+from freetoken.cuda_emu import hazards, stream_fuzz
+from freetoken.cuda_emu.memory import _CAPTURE_GUARD, CaptureError, owners
 
 # A GPU runs queued work on its own; a host that never waits blocks once about this many launches
 # are pending. Here the oldest half runs when a queue grows past it (and memory stays bounded).
@@ -33,11 +34,13 @@ _ptrs = itertools.count(0x5000)
 
 
 class Op:
-    """One enqueued device operation; `done` once it has run."""
-    __slots__ = ("fn", "name", "seq", "done", "ranges")
+    """One enqueued device operation; `done` once it has run. It keeps the memory it touches
+    alive until then (memory.owners)."""
+    __slots__ = ("fn", "name", "seq", "done", "ranges", "keep")
 
     def __init__(self, fn, name: str, ranges=()):
         self.fn, self.name, self.seq, self.done, self.ranges = fn, name, 0, False, ranges
+        self.keep = owners(ranges)
 
 
 class Stream:
@@ -71,6 +74,8 @@ class Stream:
             self._queue.append(op)
             if len(self._queue) > QUEUE_DEPTH and not self._running:
                 self.run_until(self._queue[len(self._queue) // 2])   # the device catches up
+            if stream_fuzz.active():
+                stream_fuzz.catch_up([NULL] + _ALL_STREAMS)
         return op
 
     def _legacy_after(self) -> list[int]:
@@ -108,7 +113,7 @@ class Stream:
                 while self._queue:
                     op = self._queue.pop(0)
                     op.fn()
-                    op.done = True
+                    op.done, op.keep = True, None
                     if op is target:
                         break
             finally:
@@ -205,7 +210,7 @@ def host_sync(what: str) -> None:
 
 def synchronize_all(what: str = "Device().synchronize()") -> None:
     host_sync(what)
-    for s in [NULL] + list(_ALL_STREAMS):
+    for s in stream_fuzz.drain_order([NULL] + list(_ALL_STREAMS)):
         s.drain_for_host()
 
 

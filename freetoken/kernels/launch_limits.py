@@ -37,7 +37,7 @@ def parse(log: str) -> dict[str, dict]:
     return found
 
 
-def _variants(source: str) -> list[tuple[str, ...]]:
+def variants(source: str) -> list[tuple[str, ...]]:
     """The defines a source is built with: every format code for a quantized module."""
     if re.search(r"#\s*ifndef\s+QFMT", source):
         from freetoken.kernels.qformats import FORMATS
@@ -51,7 +51,7 @@ def measure() -> dict[str, dict]:
     from concurrent.futures import ThreadPoolExecutor
     from freetoken.kernels import _cuda, _nvrtc
     jobs = [(path, arch, defines) for path in sorted(cuda_dir().glob("*.cu"))
-            for defines in _variants(_cuda.read_source(path)) for arch in ARCHS]
+            for defines in variants(_cuda.read_source(path)) for arch in ARCHS]
     with ThreadPoolExecutor(os.cpu_count()) as pool:       # NVRTC runs outside the GIL
         logs = list(pool.map(lambda job: _nvrtc.ptxas_log(*job), jobs))
     table: dict[str, dict] = {}

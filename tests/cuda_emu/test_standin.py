@@ -185,3 +185,29 @@ def test_a_bad_launch_shape_fails_at_the_launch_as_on_a_device(cp):
     with pytest.raises(EmuFault, match="exceeds the device limits"):
         kern((1,), (2048,), (x, y, np.int32(8)))
     assert kernels.launches == before
+
+
+def test_an_array_dropped_after_its_copy_was_queued_stays_until_the_copy_ran(cp):
+    """CuPy's pool frees in stream order, so dropping an array right after queuing its last use
+    is legal; the queued copy keeps the emulated block (it once ran on unmapped memory)."""
+    from freetoken.moe.device import CudaDevice
+    dev = CudaDevice()
+    host = dev.pinned((1000,), np.float32)
+    x = cp.full(1000, 3.0, cp.float32)
+    dev.d2h(host, x)
+    del x
+    gc.collect()
+    cp.cuda.Device().synchronize()
+    assert (host == 3.0).all()
+
+
+def test_a_host_view_keeps_its_allocation(cp):
+    """A numpy view of device memory (what a failing test's traceback prints) outlives the
+    array it came from without reading unmapped pages."""
+    from freetoken.cuda_emu import memory
+    x = cp.full(5000, 2.0, cp.float32)
+    cp.cuda.Device().synchronize()
+    view = memory.host_view(x.data.ptr, x.nbytes).view(np.float32)
+    del x
+    gc.collect()
+    assert repr(view).startswith("array([2., 2.")
