@@ -16,9 +16,14 @@ F32 = np.float32
 # x86 handles in microcode (~100x slower; numba sets no flush-to-zero). The decayed state it
 # drops is far under float32's relative precision against the token's own write.
 LOG_FLOOR = F32(-40.0)
+# The gate helpers (per token, not per state element) keep NaN as ref does (gdn_rule's
+# "Non-finite inputs"): their flush tests g <= LOG_FLOOR, false for NaN, so a NaN gate gives a
+# NaN decay, not 0 (a decay of 0 wiped the state and hid the NaN); and they compile without
+# fastmath's nnan/ninf, under which LLVM may assume no NaN reaches a comparison.
+GATE = dict(SERIAL, fastmath={"nsz", "arcp", "contract", "afn", "reassoc"})
 
 
-@njit(**SERIAL)
+@njit(**GATE)
 def log_gate(a, b, A_log, dt_bias):
     """(g, beta) of one token and value head, as gdn_rule.gates."""
     x = a + dt_bias
@@ -26,11 +31,11 @@ def log_gate(a, b, A_log, dt_bias):
     return F32(-np.exp(A_log) * soft), F32(1.0) / (F32(1.0) + F32(np.exp(-b)))
 
 
-@njit(**SERIAL)
+@njit(**GATE)
 def gate(a, b, A_log, dt_bias):
-    """(alpha = exp(g), flushed below LOG_FLOOR; beta)."""
+    """(alpha = exp(g), flushed to 0 at or below LOG_FLOOR, NaN for a NaN g; beta)."""
     g, beta = log_gate(a, b, A_log, dt_bias)
-    return (F32(np.exp(g)) if g > LOG_FLOOR else F32(0.0)), beta
+    return (F32(0.0) if g <= LOG_FLOOR else F32(np.exp(g))), beta
 
 
 @njit(**SERIAL)

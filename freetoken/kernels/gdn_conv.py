@@ -10,6 +10,11 @@ so weight[:, K-1] multiplies x[t] (torch's conv1d with K-1 left padding, HF's co
 [C,1,K] stored as [C,K]). Afterwards the state row holds the last K-1 rows of u: the sequence's
 last K-1 inputs, older state entries kept when it brought fewer than K-1 tokens. Rows of
 conv_states no sequence names are untouched.
+
+Non-finite inputs (every implementation follows ``ref``): the only sum runs over one channel's K
+taps, so a NaN or inf in x[t, c] or a state entry of channel c reaches only the outputs at c
+whose window (in its own sequence) holds it (NaN; for an inf, +inf or NaN: silu(-inf) is
+-inf / inf), and its sequence's state row while it is among the last K-1 inputs.
 """
 import numpy as np
 

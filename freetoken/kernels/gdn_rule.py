@@ -11,6 +11,27 @@ S = states[seq_slots[b]] f32[Hv,Dk,Dv], read and written in place. Per token, va
 prefill uses (see its docstring), written once in numpy as the spec the chunked kernels follow.
 ``cpu`` runs numba kernels of both forms (_gdn_cpu.py, _gdn_chunked.py), ``gpu`` the token loop
 of cuda/gdn_rule.cu.
+
+Non-finite inputs (every implementation follows ``ref``, ``ref_chunked`` too): sequences, value
+heads and state columns never mix, so a bad input at token t of sequence b reaches only b's
+outputs from t on and its state row states[seq_slots[b]]; other sequences' outputs and rows, and
+b's tokens before t, come out as without it. A spoilt state stays spoilt: a NaN decayed by any
+alpha, 0 included, is NaN.
+  - NaN or inf in q[t, kh]: qn holds a NaN (l2: inf * rsqrt(inf) = inf * 0), so out[t, h] is NaN
+    for the value heads h of key head kh, at t only (q never enters the state).
+  - NaN or inf in k[t, kh]: kn holds a NaN, so u and the write kn (x) beta (v - u) are NaN in every
+    entry: the state of the heads h of kh and out[t:, h] are NaN.
+  - NaN in v[t, h, j]: column j of head h's state and out[t:, h, j] are NaN (each column of S
+    evolves on its own). An inf makes the same entries non-finite: the column's infinities meet
+    with both signs and turn NaN; out[t, h, j] itself is NaN or inf by summation order.
+  - NaN in a[t, h] or b[t, h]: a NaN decay or beta, so head h's state and out[t:, h] are NaN. The
+    cpu kernels' LOG_FLOOR flush (decays under e^-40 taken as 0) leaves a NaN decay NaN: a decay
+    of 0 would wipe the state and hide the NaN.
+  - Infinite gate inputs are their limits, all finite: a = +inf decays by 0 (the state restarts),
+    a = -inf not at all (softplus 0); b = +inf is beta 1, b = -inf beta 0 (no write).
+  - A finite q or k row whose squares overflow (an element past ~1.8e19) normalises to 0
+    (rsqrt(inf) = 0): a zero query (out 0 at t) or key (no write). The gpu applies l2's factor
+    after its sums, so it agrees while those (S times the raw row) stay finite.
 """
 import numpy as np
 
@@ -92,6 +113,16 @@ def _solve_unit_lower(L, rhs):
     return x
 
 
+def _causal(A, w):
+    """sum_{j <= i} A[:, i, j] w[:, j] for each row i of A f32[H,c,c], w f32[H,c,n], token j
+    added to rows i >= j only. One product over whole rows would add 0 * w_j for j > i, NaN where
+    a later token's w is, and spoil the chunk's earlier outputs (ref keeps them)."""
+    res = np.zeros(A.shape[:2] + w.shape[2:], np.float32)
+    for j in range(A.shape[1]):
+        res[:, j:] += A[:, j:, j, None] * w[:, j, None, :]
+    return res
+
+
 def _chunk(S, qn, kn, v, g, beta):
     """One chunk of c tokens of one sequence, all value heads: S f32[Hv,Dk,Dv] updated in place,
     qn, kn f32[Hv,c,Dk], v f32[Hv,c,Dv], g, beta f32[Hv,c] -> out f32[Hv,c,Dv].
@@ -111,7 +142,7 @@ def _chunk(S, qn, kn, v, g, beta):
     rhs = np.concatenate([beta[..., None] * v, (beta * gamma)[..., None] * kn], axis=2)
     x = _solve_unit_lower(L, rhs)
     w = x[..., :Dv] - x[..., Dv:] @ S                                     # [Hv,c,Dv]
-    out = gamma[..., None] * (qn @ S) + (decay * (qn @ kn.transpose(0, 2, 1))) @ w
+    out = gamma[..., None] * (qn @ S) + _causal(decay * (qn @ kn.transpose(0, 2, 1)), w)
     to_end = decay[:, -1, :, None] * kn                                   # d_cj kn_j  [Hv,c,Dk]
     S *= gamma[:, -1, None, None]
     S += to_end.transpose(0, 2, 1) @ w

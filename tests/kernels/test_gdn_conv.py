@@ -136,3 +136,38 @@ def test_prefill_runs_the_parallel_driver():
                                                             8192, 4, 6))
     assert_close("gdn_conv prefill", ref_out, cpu_out, **TOL)
     np.testing.assert_array_equal(cpu_st, ref_st)
+
+
+def with_bad_inputs(bad):
+    """(args, out mask, state mask): a varlen batch (K = 4) with ``bad`` at x[t, 7] inside
+    sequence 1, in the state entry sequence 2 reads (then drops: it brings 2 tokens), and at
+    sequence 3's one token, which its state row keeps; the masks say where the rule puts it."""
+    args = varlen_args(np.random.default_rng(12), [3, 70, 2, 1], 40, 4, 6, "f32")
+    x, _, states, slots, starts = args
+    out, rows = np.zeros(x.shape, bool), np.zeros(states.shape, bool)
+    t = starts[1] + 5
+    x[t, 7], out[t:t + 4, 7] = bad, True                     # the K windows holding it
+    states[slots[2], 1, 9], out[starts[2]:starts[2] + 2, 9] = bad, True
+    x[starts[3], 11], out[starts[3], 11], rows[slots[3], 2, 11] = bad, True, True
+    return args, out, rows
+
+
+def assert_follows(got, want):
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    ok = np.isfinite(want)
+    np.testing.assert_allclose(got[ok], want[ok], **TOL)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input_stays_in_its_window(bad):
+    """The op only sums a channel's K taps over time: a NaN or inf reaches the outputs whose
+    window holds it and the state row that keeps it, nothing in another channel or sequence
+    (ref's rule, in gdn_conv's docstring), and cpu follows ref there."""
+    args, out_mask, rows_mask = with_bad_inputs(bad)
+    with np.errstate(all="ignore"):                          # w * inf, silu(-inf) = -inf / inf
+        (want, want_states), (got, states) = both(args)
+    np.testing.assert_array_equal(~np.isfinite(want), out_mask)
+    np.testing.assert_array_equal(~np.isfinite(want_states), rows_mask)
+    assert_follows(got, want)
+    assert_follows(states, want_states)

@@ -178,3 +178,116 @@ def test_cpu_refuses_bad_slots_and_starts():
         broken[i] = np.array(bad, np.int32)
         with pytest.raises(err):
             run(gdn_rule.cpu, broken)
+
+
+# --- non-finite inputs (the rule in gdn_rule's module docstring) ---------------------------------
+
+NON_FINITE = [  # (name, input: 0 q, 1 k, 2 v, 3 a, 4 b, where in the token's row, value, reach)
+    ("q-nan", 0, (1, 3), np.nan, "token"), ("q-inf", 0, (1, 3), np.inf, "token"),
+    ("k-nan", 1, (0, 2), np.nan, "heads"), ("k-inf", 1, (0, 2), -np.inf, "heads"),
+    ("v-nan", 2, (2, 5), np.nan, "column"), ("v-inf", 2, (2, 5), np.inf, "column"),
+    ("a-nan", 3, (1,), np.nan, "heads"), ("b-nan", 4, (2,), np.nan, "heads"),
+    ("a+inf", 3, (1,), np.inf, None), ("a-inf", 3, (1,), -np.inf, None),
+    ("b+inf", 4, (2,), np.inf, None), ("b-inf", 4, (2,), -np.inf, None),
+    ("q-overflow", 0, (0, 1), 1e30, None), ("k-overflow", 1, (1, 0), 1e30, None),
+]
+NON_FINITE_LENS = [3, 70, 2]   # sequence 1 crosses a chunk edge, 2 is always the recurrent kernel's
+
+
+def clean_batch():
+    """NON_FINITE_LENS's batch (Hk 2, Hv 4), every input finite."""
+    return random_args(np.random.default_rng(11), NON_FINITE_LENS, 2, 4, 16, 8)
+
+
+def with_bad_input(case, s):
+    """(args, t): ``clean_batch`` with ``case``'s value at token t of sequence s (its 11th
+    token, or its last)."""
+    _, inp, where, value, _ = case
+    args = clean_batch()
+    t = int(args[9][s]) + min(10, NON_FINITE_LENS[s] - 1)
+    args[inp][(t,) + where] = value
+    return args, t
+
+
+def reach(args, case, s, t):
+    """The rule: masks of the outputs and state entries that turn non-finite."""
+    _, inp, where, _, scope = case
+    v, states, slots, starts = args[2], args[7], args[8], args[9]
+    out, rows = np.zeros(v.shape, bool), np.zeros(states.shape, bool)
+    rep = v.shape[1] // args[0].shape[1]
+    heads = slice(where[0] * rep, (where[0] + 1) * rep) if inp < 2 else where[0]
+    end, row = starts[s + 1], rows[slots[s]]
+    if scope == "token":
+        out[t, heads] = True
+    elif scope == "heads":
+        out[t:end, heads], row[heads] = True, True
+    elif scope == "column":
+        out[t:end, heads, where[1]], row[heads, :, where[1]] = True, True
+    return out, rows
+
+
+def nan_exact(case):
+    """Whether the rule's non-finite entries are all NaN: all but an inf in v's."""
+    return not (case[1] == 2 and np.isinf(case[3]))
+
+
+def assert_follows(got, want, case):
+    """Non-finite where ``want`` is, NaN where it is NaN (bar an inf in v: NaN or inf by
+    summation order), the finite entries within TOL."""
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    if nan_exact(case):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = np.isfinite(want)
+    np.testing.assert_allclose(got[ok], want[ok], **TOL)
+
+
+def ref_on_bad_input(case, s):
+    """(args, t, out, states) of ref on ``with_bad_input``."""
+    args, t = with_bad_input(case, s)
+    with np.errstate(all="ignore"):                  # inf - inf, inf * 0: the rule's NaNs
+        out, states = run(gdn_rule.ref, args)
+    return args, t, out, states
+
+
+@pytest.mark.parametrize("s", [1, 2])
+@pytest.mark.parametrize("case", NON_FINITE, ids=[c[0] for c in NON_FINITE])
+def test_ref_non_finite_rule(case, s):
+    """The rule written in gdn_rule's docstring, read off ref: what turns non-finite, and that
+    nothing else moves: other sequences and rows, the sequence before t, its other heads (or
+    columns) come out bit for bit as in the clean run."""
+    args, t, out, states = ref_on_bad_input(case, s)
+    want_out, want_rows = reach(args, case, s, t)
+    np.testing.assert_array_equal(~np.isfinite(out), want_out)
+    np.testing.assert_array_equal(~np.isfinite(states), want_rows)
+    if nan_exact(case):
+        np.testing.assert_array_equal(np.isnan(out), want_out)
+        np.testing.assert_array_equal(np.isnan(states), want_rows)
+    clean_out, clean_states = run(gdn_rule.ref, clean_batch())
+    same, same_rows = ~want_out, ~want_rows
+    if case[4] is None:                 # a finite limit: the sequence from t on differs, rightly
+        same[t:args[9][s + 1]], same_rows[args[8][s]] = False, False
+    np.testing.assert_array_equal(out[same], clean_out[same])
+    np.testing.assert_array_equal(states[same_rows], clean_states[same_rows])
+
+
+@pytest.mark.parametrize("s", [1, 2])
+@pytest.mark.parametrize("case", NON_FINITE, ids=[c[0] for c in NON_FINITE])
+def test_ref_chunked_follows_ref_on_non_finite_inputs(case, s):
+    """A product over whole chunk rows once took 0 * NaN from the tokens after a NaN and spoilt
+    the chunk's earlier outputs; the chunked kernels' spec must keep them as ref does."""
+    args, _, want, want_states = ref_on_bad_input(case, s)
+    with np.errstate(all="ignore"):
+        out, states = run(gdn_rule.ref_chunked, args)
+    assert_follows(out, want, case)
+    assert_follows(states, want_states, case)
+
+
+@pytest.mark.parametrize("s", [1, 2])
+@pytest.mark.parametrize("case", NON_FINITE, ids=[c[0] for c in NON_FINITE])
+def test_cpu_follows_ref_on_non_finite_inputs(case, s, form):
+    """Both kernels: a NaN gate was flushed to a decay of 0 (``g > LOG_FLOOR`` is false for NaN),
+    which wiped the state, so the NaN vanished and the sequence's outputs came back finite."""
+    args, _, want, want_states = ref_on_bad_input(case, s)
+    out, states = run(gdn_rule.cpu, args, np.full(want.shape, 7.0, np.float32))
+    assert_follows(out, want, case)
+    assert_follows(states, want_states, case)

@@ -7,7 +7,7 @@ import pytest
 from freetoken.cupy_loader import cupy as load_cupy
 from freetoken.kernels import gdn_conv
 from tests.helpers import assert_close
-from tests.kernels.test_gdn_conv import TOL, varlen_args
+from tests.kernels.test_gdn_conv import TOL, assert_follows, varlen_args, with_bad_inputs
 
 pytestmark = pytest.mark.gpu
 CASES = [  # (lens, C, K)
@@ -77,3 +77,19 @@ def test_gpu_qwen36_shapes(lens):
     """Qwen3.6: 8192 conv channels, kernel 4; decode of 16 sequences and a mixed prefill."""
     args = varlen_args(np.random.default_rng(len(lens)), lens, 8192, 4, 32)
     _check(args, f"gdn_conv gpu qwen3.6 {len(lens)} seqs")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_gpu_follows_ref_on_non_finite_inputs(bad):
+    """A NaN or inf stays in the windows and the state row ref puts it in, no other channel or
+    sequence. out starts at 7.0, not NaN, so a missed write is not read as the rule's NaN."""
+    cp = load_cupy()
+    args, _, _ = with_bad_inputs(bad)
+    want_states = args[2].copy()
+    with np.errstate(all="ignore"):
+        want = gdn_conv.ref(args[0], args[1], want_states, args[3], args[4])
+    x, w, states, slots, starts = (cp.asarray(a) for a in args)
+    out = cp.full(x.shape, 7.0, cp.float32)
+    gdn_conv.gpu(x, w, states, slots, starts, out)
+    assert_follows(out.get(), want)
+    assert_follows(states.get(), want_states)

@@ -6,7 +6,8 @@ import pytest
 
 from freetoken.cupy_loader import cupy as load_cupy
 from freetoken.kernels import gdn_rule
-from tests.kernels.test_gdn_rule import TOL, random_args, run
+from tests.kernels.test_gdn_rule import (NON_FINITE, TOL, assert_follows, random_args,
+                                         ref_on_bad_input, run)
 
 pytestmark = pytest.mark.gpu
 
@@ -99,3 +100,19 @@ def test_device_refuses_a_block_beyond_the_registers():
         kern((1, 1, 1), (1024,), args)
         cp.cuda.runtime.deviceSynchronize()
     assert "1024 threads" in str(err.value) or "CUDA_ERROR_OUT_OF_RESOURCES" in str(err.value)
+
+
+@pytest.mark.parametrize("s", [1, 2])
+@pytest.mark.parametrize("case", NON_FINITE, ids=[c[0] for c in NON_FINITE])
+def test_gpu_follows_ref_on_non_finite_inputs(case, s):
+    """The rule in gdn_rule's docstring on the device: a NaN or inf in one sequence's q, k, v or
+    gates spoils what ref spoils (its outputs from the bad token, its state row) and leaks into no
+    other sequence's outputs or row. out starts at 7.0, not NaN, so a missed write is not read
+    as the rule's NaN."""
+    cp = load_cupy()
+    args, _, want, want_states = ref_on_bad_input(case, s)
+    dev = [cp.asarray(a) for a in args]
+    out = cp.full(want.shape, 7.0, cp.float32)
+    gdn_rule.gpu(*dev, out)
+    assert_follows(out.get(), want, case)
+    assert_follows(dev[7].get(), want_states, case)
