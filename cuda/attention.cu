@@ -16,6 +16,9 @@
 //   The tile's tokens are grouped by sequence in-kernel, so mixed batches and chunked prefill
 //   over a cached prefix need no host-side layout.
 // Needs: D <= 256; D*rep <= 4096 (decode). Softmax uses expf, not __expf, to stay close to ref.
+// Non-finite scores as ref (the rule in attention.py): fmaxf skips a NaN score, whose expf is
+// NaN, so the row's sum is NaN; a max of -inf (every score so far -inf) shifts by 0, not by
+// itself (expf(-inf - -inf) is NaN): those weights are 0 and a later finite key still counts.
 #include "gemv_common.cuh"
 
 #define ATT_THREADS 128
@@ -53,8 +56,9 @@ __device__ void decode_softmax(float* sp, float* ml, int len, int rep, int CH, i
     float m = neg_inf();
     for (int j = lane; j < len; j += 32) m = fmaxf(m, s[j]);
     m = warp_allmax(m);
+    const float base = m == neg_inf() ? 0.f : m;  // all -inf: p and l 0 (all chunks so: NaN)
     float l = 0.f;
-    for (int j = lane; j < len; j += 32) s[j] = expf(s[j] - m), l += s[j];
+    for (int j = lane; j < len; j += 32) s[j] = expf(s[j] - base), l += s[j];
     l = warp_sum(l);
     if (lane == 0) ml[(size_t)h * nch * 2] = m, ml[(size_t)h * nch * 2 + 1] = l;
   }
@@ -139,8 +143,9 @@ __device__ void prefill_scores(const float* sq, const float* sk, const int* s_se
     if (s_seq[row] != seq) continue;
     const bool ok = j0 + lane <= s_pos[row];
     const float mnew = fmaxf(m[r], warp_allmax(ok ? s[r] * scale : neg_inf()));
-    const float corr = expf(m[r] - mnew);  // m = -inf on the first tile: corr = 0, acc and l are 0
-    p[r] = ok ? expf(s[r] * scale - mnew) : 0.f;
+    const float base = mnew == neg_inf() ? 0.f : mnew;  // all -inf so far: p = 0, not NaN
+    const float corr = expf(m[r] - base);  // m = -inf on the first tile: corr = 0, acc and l are 0
+    p[r] = ok ? expf(s[r] * scale - base) : 0.f;
     l[r] = l[r] * corr + p[r];  // per-lane partial sum; reduced once at the end
     m[r] = mnew;
 #pragma unroll

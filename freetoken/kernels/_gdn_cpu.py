@@ -9,7 +9,7 @@ not one written inside a prange body (see _membw.py).
 """
 import numpy as np
 
-from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels._numba import HOT, SERIAL, SERIAL_NAN_SAFE, njit, prange
 
 F32 = np.float32
 # exp(g) below exp(-40) ~ 4e-18 is flushed to 0: alpha * S would otherwise go subnormal, which
@@ -18,9 +18,9 @@ F32 = np.float32
 LOG_FLOOR = F32(-40.0)
 # The gate helpers (per token, not per state element) keep NaN as ref does (gdn_rule's
 # "Non-finite inputs"): their flush tests g <= LOG_FLOOR, false for NaN, so a NaN gate gives a
-# NaN decay, not 0 (a decay of 0 wiped the state and hid the NaN); and they compile without
-# fastmath's nnan/ninf, under which LLVM may assume no NaN reaches a comparison.
-GATE = dict(SERIAL, fastmath={"nsz", "arcp", "contract", "afn", "reassoc"})
+# NaN decay, not 0 (a decay of 0 wiped the state and hid the NaN); and they compile
+# SERIAL_NAN_SAFE, under which LLVM may not assume that no NaN reaches a comparison.
+GATE = SERIAL_NAN_SAFE
 
 
 @njit(**GATE)

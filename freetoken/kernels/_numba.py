@@ -23,6 +23,12 @@ from freetoken.env import home
 # activations overflow got an exception instead of ref's answer)
 HOT = dict(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")  # bandwidth kernels
 SERIAL = dict(fastmath=True, cache=True, nogil=True, error_model="numpy")  # small helpers, serial kernels
+# fastmath less nnan and ninf, for kernels with a written rule for non-finite inputs (ref's):
+# under those two LLVM may assume NaN and inf away (an exp of a NaN score came out 0, 1/sqrt(inf)
+# NaN, a NaN flush test and a test for a NaN sum were folded)
+NAN_SAFE_MATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+HOT_NAN_SAFE = dict(HOT, fastmath=NAN_SAFE_MATH)
+SERIAL_NAN_SAFE = dict(SERIAL, fastmath=NAN_SAFE_MATH)
 
 # the files whose overloads any kernel may inline: part of every kernel's cache stamp (below)
 _OVERLOAD_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)

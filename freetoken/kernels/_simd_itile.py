@@ -30,7 +30,7 @@ from freetoken.kernels import _simd
 from freetoken.kernels._isa import int8_tile_path
 from freetoken.kernels._simd_int8 import idot, _q6_k_slices
 from freetoken.kernels._simd_ir import (F32, I8, I32, I64, _bytes, _contiguous, _fp16, _function,
-                                        _k4_coefficients, _lanes, _load, _same, _splat)
+                                        _k4_coefficients, _lanes, _same, _splat)
 
 LANES = 16
 I8x64, I32x16, F32x16 = ir.VectorType(I8, 64), ir.VectorType(I32, LANES), ir.VectorType(F32, LANES)

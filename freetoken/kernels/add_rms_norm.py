@@ -1,5 +1,11 @@
 """Residual add fused with RMSNorm: x += residual, then out = rms_norm(x); pairs: cuda/rms_norm.cu
 (entries add_rms_norm_*), tests/kernels/test_gpu_add_rms_norm.py. Not wired into the models yet.
+
+Non-finite inputs (cpu and gpu follow ``ref``): the add is numpy's (inf + -inf is NaN) and x keeps
+it; then each row of the sum is normed by its mean square. A NaN in the row makes every output
+NaN (so does a row of -inf: inf / inf). Otherwise an inf of either sign, or a square that
+overflows fp32 (|x| above ~1.8e19), makes the mean square inf: the row's finite entries give 0
+and its infinite ones NaN.
 """
 import numpy as np
 

@@ -4,6 +4,16 @@ tests/kernels/test_attention.py.
 Token t of sequence s = tok_seq[t] at position p = tok_pos[t] attends to the cached rows at slots
 slot_table[s, 0..p] (inclusive); query head h reads kv group h // (Hq // G). One layout covers
 prefill, chunked prefill over a cached prefix, decode, and batches of sequences mixed in a step.
+
+Non-finite inputs (cpu and gpu, on every path, follow ``ref``: numpy's exp(s - max) / sum for each
+(token, head) over the token's context). A NaN score (a NaN in the head's q or in a key row the
+token reads) or a +inf one (an inf key coordinate times a q coordinate of the same sign) makes
+that (token, head)'s output NaN, all D of it. A -inf score among finite ones is weight 0: the key
+drops out; a (token, head) whose every score is -inf is NaN (0 / 0). An inf in a value row makes
+that coordinate of the output inf (same sign) for every (token, head) that weighs the row above
+0. Keys and values past a token's position, other heads and other sequences never reach its
+output. Not pinned: an inf value where ref's weight is exactly 0 (a -inf score, or an exp that
+underflows): ref gets 0 * inf = NaN, a kernel's exp may keep a tiny weight there.
 """
 import numpy as np
 

@@ -12,10 +12,15 @@ max, which gives the softmax over the whole context exactly (up to fp32 rounding
 
 Shapes: T step tokens, Hq query heads, G kv groups (rep = Hq // G), D head dim, nch chunks of
 CH positions per token.
+
+Non-finite scores follow attention.ref (the rule in attention.py): the softmax code compiles
+without fastmath's no-NaN and no-inf assumptions (_numba.NAN_SAFE_MATH), a chunk whose scores are all -inf
+is shifted by 0 instead of its max (its weights are then ~0, not exp(-inf + inf) = NaN), and the
+merge drops only empty chunks, not one whose sum is NaN.
 """
 import numpy as np
 
-from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange, widen
+from freetoken.kernels._numba import HOT, HOT_NAN_SAFE, SERIAL_NAN_SAFE, from_bits, njit, prange, widen
 
 ITEMS_PER_THREAD = 4     # work items per compute thread: chunks of uneven cost still balance
 MIN_CHUNK = 64           # positions: below this the per-item set-up outweighs the split
@@ -32,11 +37,11 @@ def chunking(T: int, C: int, threads: int) -> tuple[int, int]:
     return CH, -(-C // CH)
 
 
-@njit(**SERIAL)
+@njit(**SERIAL_NAN_SAFE)
 def exp_le0(x):
     """exp(x) for x <= 0 (a softmax's shifted scores), relative error < 3e-7; vectorisable:
     x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts, so r is exact), 2^n from the exponent
-    bits, e^r by its degree-7 Taylor polynomial."""
+    bits, e^r by its degree-7 Taylor polynomial. NaN stays NaN; -inf gives exp(-87), ~1.6e-38."""
     x = max(x, np.float32(-87.0))
     n = np.floor(x * np.float32(_LOG2E) + np.float32(0.5))
     r = (x - n * np.float32(_LN2_HI)) - n * np.float32(_LN2_LO)
@@ -46,7 +51,7 @@ def exp_le0(x):
     return p * from_bits(np.uint32(np.int32(n) + np.int32(127)) << np.uint32(23))
 
 
-@njit(**SERIAL)
+@njit(**SERIAL_NAN_SAFE)
 def chunk(q, k_cache, v_cache, slots, scale, acc, ml):
     """One work item: every head q f32[G,rep,D] of a token over the KV rows at `slots`.
     acc f32[G,rep,D] = sum of exp(score - max) * V row; ml f32[G,rep,2] = (max, sum of exp).
@@ -69,10 +74,11 @@ def chunk(q, k_cache, v_cache, slots, scale, acc, ml):
         for r in range(rep):
             m = np.float32(-np.inf)
             for j in range(n):
-                m = max(m, s[g, r, j])
+                m = max(m, s[g, r, j])                   # skips NaN: exp(NaN - m) is NaN
+            base = m if m > np.float32(-np.inf) else np.float32(0.0)   # all -inf: weights ~0
             tot = np.float32(0.0)
             for j in range(n):
-                s[g, r, j] = exp_le0(s[g, r, j] - m)
+                s[g, r, j] = exp_le0(s[g, r, j] - base)
                 tot += s[g, r, j]
             ml[g, r, 0], ml[g, r, 1] = m, tot
     out = np.zeros((G, rep, D), np.float32)
@@ -102,22 +108,23 @@ def partials(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, CH, acc, 
         chunk(qg[t], k_cache, v_cache, slots, scale, acc[t, c], ml[t, c])
 
 
-@njit(**HOT)
+@njit(**HOT_NAN_SAFE)
 def merge(acc, ml, out):
-    """out f32[T,Hq,D] = the chunks' partials rescaled to their common max and normalised."""
+    """out f32[T,Hq,D] = the chunks' partials rescaled to their common max and normalised. Only
+    an empty chunk has sum 0; a NaN sum (a NaN or +inf score) is merged, so the output is NaN."""
     T, nch, G, rep, D = acc.shape
     for item in prange(T * G * rep):
         t, g, r = item // (G * rep), item // rep % G, item % rep
         h = g * rep + r
         top = np.float32(-np.inf)
         for c in range(nch):
-            if ml[t, c, g, r, 1] > 0:
+            if ml[t, c, g, r, 1] != 0:
                 top = max(top, ml[t, c, g, r, 0])
         for d in range(D):
             out[t, h, d] = 0.0
         den = np.float32(0.0)
         for c in range(nch):
-            if ml[t, c, g, r, 1] > 0:
+            if ml[t, c, g, r, 1] != 0:
                 w = exp_le0(ml[t, c, g, r, 0] - top)
                 den += w * ml[t, c, g, r, 1]
                 for d in range(D):

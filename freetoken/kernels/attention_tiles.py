@@ -11,12 +11,16 @@ block, so no [T, T] (or [T, context]) matrix is ever held: the largest array an 
 
 Work items are (sequence, query tile, kv group), longest context first, run by the BLAS pool
 (kernels/_blas_pool.py); each writes its own rows and heads of ``out``.
+
+Non-finite data follows attention.ref (the rule in attention.py): the score code compiles without
+fastmath's no-NaN and no-inf assumptions, and a value row a query may not see never meets its
+zero weight in the GEMM (0 * inf is NaN: see _add_values).
 """
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._blas_pool import run_items
-from freetoken.kernels._numba import njit
+from freetoken.kernels._numba import NAN_SAFE_MATH, njit
 from freetoken.kernels.logprobs import _exp_neg
 
 TILE_Q = 128      # query tokens per item: x rep heads = the GEMMs' rows
@@ -35,7 +39,8 @@ def _sequence(s, toks, k_cache, v_cache, slot_table, tok_pos):
 
 
 _LANES = 16      # partial maxima kept apart so the max loop vectorizes (a plain max did not: 3x)
-_FAST = dict(cache=True, nogil=True, fastmath=True, error_model="numpy")
+# not fastmath=True: under nnan the exp of a NaN score came out 0 (ref: NaN)
+_FAST = dict(cache=True, nogil=True, fastmath=NAN_SAFE_MATH, error_model="numpy")
 
 
 @njit(inline="always", **_FAST)
@@ -59,7 +64,9 @@ def _fold_scores(S, keys0, row_pos, m, l, alpha):
     becomes exp(S - m_new) with keys past a row's own position zeroed (causal), alpha the factor
     that rescales what the earlier blocks put in the output. One pass for the max and one for
     the exps (numpy took six over S, more time than the two GEMMs); the exp vectorizes
-    (logprobs._exp_neg). m starts at -1e30, not -inf: no infinity is ever formed (fastmath)."""
+    (logprobs._exp_neg). m starts at -1e30, so a row whose keys so far are all -inf has l = 0
+    (its output 0 / 0 = NaN, as ref) and no exp(-inf + inf). The max skips a NaN score, whose exp
+    is NaN: the row's l, and so its output, turn NaN."""
     R, B = S.shape
     for r in range(R):
         row = S[r]
@@ -92,8 +99,21 @@ def _tile(q, seq, a, g, rep, scale, out):
         S = Q @ k[g, j0:j1].T                                            # [R,Bk]
         _fold_scores(S, j0, row_pos, m, l, alpha)
         acc *= alpha[:, None]
-        acc += S @ v[g, j0:j1]
+        _add_values(S, v[g, j0:j1], j0, int(tp[0]), row_pos, acc)
     out[tt, g * rep:(g + 1) * rep] = (acc / l[:, None]).reshape(len(tt), rep, D)
+
+
+def _add_values(S, vb, j0, first, row_pos, acc):
+    """acc += S @ vb for the key block j0.. (S zero past each row's position). Keys after the
+    tile's first position are masked for some rows: where their value rows hold an inf or NaN,
+    which times a zero weight is NaN, each row takes only its own keys."""
+    cut = max(0, first + 1 - j0)             # keys before cut are in every row's context
+    if cut >= vb.shape[0] or np.isfinite(vb[cut:]).all():
+        acc += S @ vb
+        return
+    for r in range(S.shape[0]):
+        n = max(0, min(vb.shape[0], int(row_pos[r]) - j0 + 1))
+        acc[r] += S[r, :n] @ vb[:n]
 
 
 def prefill(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, tokens):

@@ -1,12 +1,20 @@
 """Gated RMSNorm, the Gated DeltaNet output norm: x * rsqrt(mean(x^2) + eps) * w * silu(z) over
 the last axis (per value head: R = T*Hv rows of D = Dv); pairs: cuda/gated_rms_norm.cu,
 tests/kernels/test_gated_rms_norm.py. The weight is used as stored (no 1+w, unlike the
-model's other norms)."""
+model's other norms).
+
+Non-finite inputs (cpu and gpu follow ``ref``): the row's mean square decides all D outputs. A NaN
+in the row's x makes every output NaN (so does a row of -inf: inf / inf). Otherwise an inf of
+either sign, or a square that overflows fp32 (|x| above ~1.8e19), makes the mean square inf: the
+row's finite x give 0 (times a finite gate) and its infinite ones NaN. The gate acts per element:
+silu(NaN) and silu(-inf) (-inf / inf) are NaN, so those outputs are NaN; silu(+inf) is +inf, so
+that output is +-inf (NaN where the normed x * w is 0).
+"""
 import numpy as np
 
 from freetoken.kernels._activations import silu
 from freetoken.kernels._bf16 import to_f32
-from freetoken.kernels._numba import HOT, SERIAL, njit, prange, widen
+from freetoken.kernels._numba import HOT_NAN_SAFE, SERIAL_NAN_SAFE, njit, prange, widen
 
 
 def ref(x, z, w, eps, out=None):
@@ -27,9 +35,11 @@ def ref(x, z, w, eps, out=None):
 
 ROWS = 64  # rows per parallel work item
 PARALLEL_MIN = 1 << 18  # R*D from which the parallel driver runs (64 tokens of 32 heads of 128)
-# error_model "numpy": division by zero is not checked, so the silu loop vectorizes
-PARALLEL = dict(HOT, error_model="numpy")
-SERIAL_NP = dict(SERIAL, error_model="numpy")
+# error_model "numpy" (division by zero unchecked) lets the silu loop vectorize; NaN-safe math:
+# with all of fastmath 1 / sqrt(inf) came out NaN (arcp + afn + ninf), so a row holding an inf
+# or an overflowing square was all NaN instead of ref's zeros, and silu(+inf) was NaN
+PARALLEL = HOT_NAN_SAFE
+SERIAL_NP = SERIAL_NAN_SAFE
 
 
 @njit(**SERIAL_NP)

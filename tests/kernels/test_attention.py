@@ -1,11 +1,13 @@
 """attention: cpu vs ref over GQA ratios, head dims, cache dtypes, several sequences with shuffled
-slots, chunked prefill over a cached prefix and decode; ref against a masked float64 formula."""
+slots, chunked prefill over a cached prefix and decode; ref against a masked float64 formula;
+non-finite q, keys and values (ref against the rule in attention.py, cpu against ref)."""
 import numpy as np
 import pytest
 
 from freetoken.kernels import attention
 from freetoken.kernels._bf16 import from_f32, to_f32
 from tests.helpers import assert_close
+from tests.helpers import assert_follows_ref
 
 
 def kv_pool(rng, N, G, D, dtype):
@@ -188,3 +190,82 @@ def test_decode_chunking_covers_the_context(T, C, threads):
     assert CH * nch >= C and CH * (nch - 1) < C and CH >= MIN_CHUNK
     if C >= MIN_CHUNK * ITEMS_PER_THREAD * threads:
         assert T * nch >= ITEMS_PER_THREAD * threads
+
+
+NON_FINITE = ("q_nan", "k_inf", "k_nan", "k_neginf", "v_inf")
+
+
+def non_finite_step(kind, prefill, dtype=np.float32):
+    """Sequences of 200, 40 and 5 positions (G 2, rep 2, D 32) on shuffled slots, sequence 0 alone
+    holding non-finite data (`kind`): a NaN in q of head 1 of its last token; +inf or NaN in the
+    key row of position 150 (group 0); -inf in the key rows of positions 0..140 (group 0: whole
+    split chunks and key tiles of them); +inf in the value row of position 150 (group 0). q of
+    sequence 0 is positive at that coordinate (3), so an infinite key gives the same-signed score
+    to every head of the group. prefill=False: one token per sequence (attention.cpu's split
+    path, gpu's _decode); True: sequence 0's last 70 positions (>= TILED_MIN: cpu's tiled path,
+    gpu's _prefill), 130..149 before row 150, 130..140 with no finite key, and one token for each
+    other sequence."""
+    rng = np.random.default_rng(NON_FINITE.index(kind))
+    lengths, G, D, d = [200, 40, 5], 2, 32, 3
+    k, v = rng.standard_normal((2, sum(lengths) + 3, G, D)).astype(np.float32)
+    perm = rng.permutation(k.shape[0]).astype(np.int32)
+    table, starts = np.zeros((3, 200), np.int32), np.cumsum([0] + lengths)
+    for s, n in enumerate(lengths):
+        table[s, :n] = perm[starts[s]:starts[s + 1]]
+    new = [70 if prefill else 1, 1, 1]
+    seq = np.repeat(np.arange(3, dtype=np.int32), new)
+    pos = np.concatenate([np.arange(n - m, n) for n, m in zip(lengths, new)]).astype(np.int32)
+    q = rng.standard_normal((seq.size, 2 * G, D)).astype(np.float32)
+    q[seq == 0, :, d] = np.abs(q[seq == 0, :, d]) + 0.5
+    if kind == "q_nan":
+        q[new[0] - 1, 1, d] = np.nan
+    elif kind == "k_neginf":
+        k[table[0, :141], 0, d] = -np.inf
+    else:
+        (v if kind == "v_inf" else k)[table[0, 150], 0, d] = np.nan if kind == "k_nan" else np.inf
+    if dtype == np.uint16:
+        k, v = from_f32(k), from_f32(v)
+    return q, k, v, table, seq, pos, np.float32(D ** -0.5)
+
+
+def quiet_ref(args):
+    with np.errstate(all="ignore"):
+        return attention.ref(*args)
+
+
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
+@pytest.mark.parametrize("kind", NON_FINITE)
+def test_ref_follows_the_non_finite_rule(kind, prefill):
+    """The rule in attention.py, read off ref: a NaN or +inf score NaNs its (token, head), a -inf
+    one is weight 0 (all -inf: NaN), an inf value is inf in its coordinate; nothing reaches
+    another sequence, another kv group's heads, or a token before the poisoned position."""
+    args = non_finite_step(kind, prefill)
+    q, seq, pos = args[0], args[4], args[5]
+    nan, inf = np.zeros(q.shape, bool), np.zeros(q.shape, bool)
+    mine = seq == 0
+    if kind == "q_nan":
+        nan[np.flatnonzero(mine)[-1], 1] = True
+    elif kind == "k_neginf":
+        nan[mine & (pos <= 140), :2] = True
+    elif kind == "v_inf":
+        inf[mine & (pos >= 150), :2, 3] = True
+    else:
+        nan[mine & (pos >= 150), :2] = True
+    want = quiet_ref(args)
+    np.testing.assert_array_equal(np.isnan(want), nan)
+    np.testing.assert_array_equal(np.isinf(want), inf)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
+@pytest.mark.parametrize("kind", NON_FINITE)
+def test_cpu_follows_ref_on_non_finite_inputs(kind, prefill, dtype):
+    """Both cpu paths as ref. Before: a split chunk of all -inf keys came out NaN (exp(-inf +
+    inf)) where ref gives those keys weight 0; under fastmath's no-NaN assumption the tiled exp
+    made a NaN score weight 0; the tiled value GEMM met an inf value row with a masked query's
+    zero weight (NaN for tokens before that position); and the split merge kept a chunk only if
+    its sum was > 0, which drops a NaN sum once no-NaN is off."""
+    args = non_finite_step(kind, prefill, dtype)
+    with np.errstate(all="ignore"):
+        got = attention.cpu(*args)
+    assert_follows_ref(quiet_ref(args), got, rtol=1e-4, atol=2e-5)

@@ -2,13 +2,16 @@
 softmax), GQA ratios 1/2/4/8, head_dim 32/64/128/256, contexts 1..3000, batches mixing prefill,
 chunked prefill over a cached prefix and decode rows. KV slots no sequence owns hold NaN and
 the ops' scratch is poisoned with NaN before the checked call, so reading anything outside a
-token's context shows. Outputs poisoned with NaN. Plus CPU dry runs of the launches."""
+token's context shows. Outputs poisoned with NaN. Plus CPU dry runs of the launches, and both
+kernels on non-finite q, keys and values against ref (test_attention's rule cases)."""
 import numpy as np
 import pytest
 
 from freetoken.kernels import attention
 from freetoken.kernels._bf16 import from_f32
 from tests.helpers import assert_close
+from tests.kernels.test_attention import NON_FINITE, non_finite_step, quiet_ref
+from tests.helpers import assert_follows_ref
 from tests.kernels.test_gpu_experts import poison_scratch
 from tests.kernels.test_gpu_linear import dry_run
 from freetoken.cupy_loader import cupy as load_cupy
@@ -128,3 +131,24 @@ def test_gpu_decode_on_a_cache_not_16_byte_aligned(dtype):
     attention.gpu(cp.asarray(q), *dev, cp.asarray(table), cp.asarray(seq), cp.asarray(pos), scale, out)
     assert_close("attention decode, unaligned cache", attention.ref(q, k_cache, v_cache, table, seq, pos, scale),
                  out.get(), 2e-5, 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
+@pytest.mark.parametrize("kind", NON_FINITE)
+def test_gpu_follows_ref_on_non_finite_inputs(kind, prefill, dtype):
+    """Both kernels as ref (the rule in attention.py). Before, both shifted a block of scores that
+    were all -inf by their max, exp(-inf + inf) = NaN: a decode chunk of only -inf keys, or a
+    prefill row whose first key tile was all -inf, came out NaN where ref gives those keys weight
+    0. The scratch is sized on finite inputs first and then filled with NaN: the emulator reports
+    a NaN written while an input holds never-written words, and here NaN is the right answer."""
+    cp = load_cupy()
+    args = non_finite_step(kind, prefill, dtype)
+    dev = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+    out = cp.full(args[0].shape, 7.0, cp.float32)
+    attention.gpu(cp.zeros_like(dev[0]), cp.zeros_like(dev[1]), cp.zeros_like(dev[2]), *dev[3:], out)
+    poison_scratch()
+    out.fill(7.0)
+    assert attention.gpu(*dev, out) is out
+    assert_follows_ref(quiet_ref(args), out.get(), rtol=1e-3, atol=2e-5)

@@ -1,12 +1,14 @@
-"""gated_rms_norm.gpu vs ref on the device at awkward sizes, in place of x and of z; outputs
-poisoned with NaN."""
+"""gated_rms_norm.gpu vs ref on the device at awkward sizes, in place of x and of z, and on
+non-finite rows and gates; outputs poisoned with NaN (7.0 where NaN is a right answer)."""
 import numpy as np
 import pytest
 
 from freetoken.cupy_loader import cupy as load_cupy
 from freetoken.kernels import gated_rms_norm
+from freetoken.kernels._bf16 import from_f32
 from tests.helpers import assert_close, assert_launches
-from tests.kernels.test_gated_rms_norm import gated_args
+from tests.helpers import assert_follows_ref
+from tests.kernels.test_gated_rms_norm import gated_args, non_finite_gated
 
 pytestmark = pytest.mark.gpu
 CASES = [(1, 32), (3, 96), (7, 200), (33, 64), (2, 1000), (1, 7), (128, 128)]
@@ -42,6 +44,20 @@ def test_gpu_zero_rows_launch_nothing():
         assert_launches(lambda: gated_rms_norm.gpu(x, x, w, 1e-6, out), launched)
     assert_close("gated_rms_norm gpu one row", gated_rms_norm.ref(x.get(), x.get(), w.get(), 1e-6),
                  out.get(), 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_gpu_follows_ref_on_non_finite_rows(dtype):
+    """The rule in gated_rms_norm.py on the device: a NaN or -inf row all NaN, an inf or an
+    overflowing square zeros (NaN at the inf), a NaN, -inf or +inf gate NaN, NaN, +-inf."""
+    cp = load_cupy()
+    x, z, w = non_finite_gated()
+    w = from_f32(w) if dtype == "bf16" else w
+    with np.errstate(all="ignore"):
+        want = gated_rms_norm.ref(x, z, w, 1e-6)
+    out = cp.full(x.shape, 7.0, cp.float32)
+    gated_rms_norm.gpu(cp.asarray(x), cp.asarray(z), cp.asarray(w), 1e-6, out)
+    assert_follows_ref(want, out.get())
 
 
 @pytest.mark.heavy
