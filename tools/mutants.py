@@ -146,6 +146,10 @@ MUTANTS = (
            "weights[(long long)t * k + j] = smem_w[j];", k("router")),
     Mutant("sampling ignores the temperature", "numerics", "cuda/sampling.cu",
            "Row r = {z, V, 1.0f / temp, neg_inf()};", "Row r = {z, V, 1.0f, neg_inf()};", k("sampling")),
+    Mutant("decode attention shifts an all -inf chunk by -inf", "numerics", "cuda/attention.cu",
+           "const float base = m == neg_inf() ? 0.f : m;", "const float base = m;", k("attention")),
+    Mutant("prefill attention shifts an all -inf tile by -inf", "numerics", "cuda/attention.cu",
+           "const float base = mnew == neg_inf() ? 0.f : mnew;", "const float base = mnew;", k("attention")),
 )
 
 
