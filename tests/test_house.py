@@ -33,8 +33,10 @@ CIRCLES_ALLOWED_UNDER = "freetoken.cuda_emu"   # the emulator mirrors CuPy's own
 MAX_MODULE_LINES = 300      # code lines per module
 MAX_FUNCTION_LINES = 40     # code lines per function or method
 # the whole package; raising it is a decision for review, not a reflex. 15,000 -> 15,300
-# (2026-12-04): the emulator's race, stream-hazard, slack and launch-limit checks (~320 lines)
-MAX_PACKAGE_LINES = 15_300
+# (2026-12-04): the emulator's race, stream-hazard, slack and launch-limit checks (~320 lines);
+# -> 15,500 (2026-12-04): quantized prefill on AMX-INT8 tiles (~195), the stream-order fuzz, the
+# non-finite rules of attention, the norms and gdn
+MAX_PACKAGE_LINES = 15_500
 
 
 def _module_name(path: Path) -> str:

@@ -58,15 +58,26 @@ def gemm_variants(fmt, M, K, T, rng):
     offs, uniq = np.array([0, T], np.int32), np.zeros(1, np.int32)
     res, buf = np.empty((T, M), np.float32), np.empty((M, K), np.float32)
 
-    def tile_gemm():
-        q, d, _ = qact.quantize(x)
-        src, first = qgemm.lane_sources(offs, np.arange(T, dtype=np.int32))
-        qgemm.gemm(w, qgemm.tiles(q, d, src, format_named(fmt).code), uniq, offs, first, res, False)
+    code = format_named(fmt).code
+
+    def tile_gemm(kernel):
+        def run():
+            q, d, _ = qact.quantize(x)
+            src, first = qgemm.lane_sources(offs, np.arange(T, dtype=np.int32))
+            kernel(w, code, qgemm.tiles(q, d, src, code), uniq, offs, first, res, False)
+        return run
 
     def dequant_sgemm():
         linear_quant.dequant_rows(w[0], buf) @ qact.rounded(x, parallel=False).T
-    return {"tile GEMM": tile_gemm, "tile GEMM, 1 thread": _one_thread(tile_gemm),
-            "dequantize+sgemm, 1 thread": _one_thread(dequant_sgemm)}
+    kernels = {"VNNI": qgemm._gemm}
+    if _isa.amx_int8():
+        from freetoken.kernels import qgemm_amx
+        kernels["AMX"] = lambda w, code, *rest: qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], *rest)
+    variants = {}
+    for name, kernel in kernels.items():
+        variants[f"tile GEMM {name}"] = tile_gemm(kernel)
+        variants[f"tile GEMM {name}, 1 thread"] = _one_thread(tile_gemm(kernel))
+    return {**variants, "dequantize+sgemm, 1 thread": _one_thread(dequant_sgemm)}
 
 
 def table(variants, macs, rounds):

@@ -4,12 +4,14 @@ instructions available differ from box to box. Used by ``kernel --bench`` and th
 start-up log; numba's cache is keyed on the same CPU name and features."""
 from __future__ import annotations
 
+import ctypes
 import functools
 
 # (LLVM feature, what the kernels would use it for)
 DOT_FEATURES = (("avx512bf16", "AVX512-BF16 bf16 dots"), ("avx512vnni", "AVX512-VNNI int8 dots"),
                 ("avxvnni", "AVX-VNNI int8 dots"), ("amx-bf16", "AMX-BF16 tiles"),
                 ("amx-int8", "AMX-INT8 tiles"))
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 INT8_PATHS = {"vnni": "VNNI vpdpbusd", "avx2": "AVX2 pmaddubsw+pmaddwd", "generic": "widening multiplies"}
 TILE_PATHS = {"vnni512": "int8 tile GEMM, 512-bit vpdpbusd", "vnni": "int8 tile GEMM, 256-bit vpdpbusd",
               "generic": "dequantize + fp32 BLAS (no vpdpbusd for the int8 tile GEMM)"}
@@ -29,6 +31,21 @@ def int8_tile_path(features) -> str:
     if "avx512vnni" in features:
         return "vnni512"
     return "vnni" if int8_dot_path(features) == "vnni" else "generic"
+
+
+@functools.lru_cache(maxsize=1)
+def amx_int8() -> bool:
+    """Whether the quantized GEMM runs on AMX-INT8 tiles (kernels/qgemm_amx.py): the CPU has
+    them, Linux grants this process the tile state, and FREETOKEN_VNNI_TILES=1 does not ask for
+    the VNNI kernel instead (read once)."""
+    from freetoken.env import flag
+    if flag("VNNI_TILES") or not {"amx-int8", "amx-tile"} <= host()[1]:
+        return False
+    try:        # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux's grant of the tile state
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,8 +73,10 @@ def describe() -> str:
     name, features = host()
     path = int8_dot_path(features)
     used = {"avx512vnni", "avxvnni"} if path == "vnni" else set()
+    amx = amx_int8()
+    used |= {"amx-int8"} if amx else set()
     present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
-    prefill = TILE_PATHS[int8_tile_path(features)]
+    prefill = "int8 tile GEMM on AMX-INT8 tiles (tdpbusd)" if amx else TILE_PATHS[int8_tile_path(features)]
     return (f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}, "
             f"quantized prefill by {prefill}{unused}")

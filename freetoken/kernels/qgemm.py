@@ -121,6 +121,11 @@ def _gemm(w, code, t, uniq, offs, first, res, rows_first):
 def gemm(w, t, uniq, offs, first, res, rows_first):
     """Each group's weights against its tiles t (``tiles``, lanes from ``lane_sources``): w
     [S,M,K/V,B] (a quantized bank, groups reading slots uniq) -> res f32[M,P] when rows_first,
-    else [P,M]."""
+    else [P,M]. On AMX tiles where the CPU has them (_isa.amx_int8, kernels/qgemm_amx.py)."""
+    from freetoken.kernels._isa import amx_int8
+    if amx_int8():
+        from freetoken.kernels import qgemm_amx
+        code = format_of(w).code
+        return qgemm_amx.gemm(w, code, GROUPS[code][0], t, uniq, offs, first, res, rows_first)
     _gemm(w, format_of(w).code, t, uniq, offs, first, res, rows_first)
     return res

@@ -1,0 +1,99 @@
+"""kernels/qgemm.py's quantized GEMM on AMX-INT8 tiles (kernels/_amx.py), for CPUs that have them
+(Sapphire Rapids and later Xeons): the same tiles of 16 tokens (qgemm.tiles), the same integer
+sums and the same fp32 formula per group, so the same spec (the ops' ``ref`` with int8 dots).
+
+A work item is 16 weight rows of one expert: their blocks are unpacked once into unsigned quants
+u8[16,K] and per-group coefficients (values are a*u - c), then for each of the expert's token
+tiles and each group of G values one tdpbusd gives the 16 x 16 integer sums, and the fp32 pass
+acc[r, lane] += a[r] * xd[lane] * (sum + xb[lane]) - c[r] * xs[lane] applies the scales. A
+group's sums come out of a tile to memory, so a tdpbusd does G/4 of 16 steps' work here; it
+still does in one instruction what takes the VNNI kernel 16 x G/4 vpdpbusd.
+
+Shape legend: qgemm's, plus R = 16 rows a work item.
+"""
+import numpy as np
+
+from freetoken.kernels import _amx
+from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+
+R = LANES = 16                # weight rows a work item; tokens a tile (its int32 columns)
+CHUNKS = 64                   # runs of work items: load balance against buffer set-ups
+
+
+@njit(inline="always", **SERIAL)
+def _unpack(row, code, r, A, a, c):
+    """Row ``row`` u8[NB,S] into A[r] (u8[K], the unsigned quants in value order) and a[r],
+    c[r] (f32[K/G]) for format ``code`` (4 q8_0, 7 q4_k, 8 q5_k, 9 q6_k)."""
+    if code == 4:
+        _amx.unpack_q8_0(row, A, np.int64(r), a, c)
+    elif code == 7:
+        _amx.unpack_q4_k(row, A, np.int64(r), a, c)
+    elif code == 8:
+        _amx.unpack_q5_k(row, A, np.int64(r), a, c)
+    else:
+        _amx.unpack_q6_k(row, A, np.int64(r), a, c)
+
+
+@njit(**SERIAL)
+def _rows_against_tiles(A, a, c, cfg, code, xt, xd, xs, xb, n0, n1, G, acc):
+    """acc[n - n0] f32[R,16] = A's rows against tiles n0..n1 (A u8[R,K], a, c f32[R,K/G])."""
+    K = A.shape[1]
+    sums = np.empty((2, R, LANES), np.int32)
+    ng = K // G
+    _amx.load_config(cfg)
+    for n in range(n0, n1):
+        args = (A, np.int64(K), xt, np.int64(n * (K // 4) * 64), sums, a, c, np.int64(ng),
+                xd, np.int64(n * (K // 32) * LANES), xs, np.int64(n * ng * LANES), xb, acc[n - n0])
+        if code == 4:
+            _amx.tile_q8_0(*args)
+        elif code == 7:
+            _amx.tile_q4_k(*args)
+        elif code == 8:
+            _amx.tile_q5_k(*args)
+        else:
+            _amx.tile_q6_k(*args)
+    _amx.release()
+
+
+@njit(**SERIAL)
+def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, rows_first, A, a, c, acc):
+    """Rows rb*16 .. of group u's expert against its tiles, into res (buffers A, a, c, acc are
+    the caller's: rows past M are left unread garbage, their results dropped)."""
+    xt, xd, xs, xb = t
+    m0, rows = rb * R, min(R, w.shape[1] - rb * R)
+    for r in range(rows):
+        _unpack(w[uniq[u], m0 + r], code, r, A, a, c)
+    nt = first[u + 1] - first[u]
+    _rows_against_tiles(A, a, c, cfg, code, xt, xd, xs, xb, first[u], first[u + 1], G, acc)
+    count, p0 = offs[u + 1] - offs[u], offs[u]
+    for n in range(nt):
+        for lane in range(min(LANES, count - n * LANES)):
+            p = p0 + n * LANES + lane
+            for r in range(rows):
+                if rows_first:
+                    res[m0 + r, p] = acc[n, r, lane]
+                else:
+                    res[p, m0 + r] = acc[n, r, lane]
+
+
+@njit(**HOT)
+def _gemm(w, code, G, cfg, t, uniq, offs, first, res, rows_first):
+    """qgemm._gemm's contract, 16 rows a work item, the items in CHUNKS runs (one set of
+    buffers a run)."""
+    M, U, K = w.shape[1], uniq.shape[0], t[0].shape[1] * 4
+    items = U * ((M + R - 1) // R)
+    most = np.max(first[1:] - first[:-1]) if U else 0
+    runs = min(items, CHUNKS)
+    for run in prange(runs):
+        A, acc = np.empty((R, K), np.uint8), np.empty((max(most, 1), R, LANES), np.float32)
+        a, c = np.empty((R, K // G), np.float32), np.empty((R, K // G), np.float32)
+        for item in range(run * items // runs, (run + 1) * items // runs):
+            rb, u = item // U, item % U                 # row-block-major: both threads see every group
+            _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, rows_first, A, a, c, acc)
+
+
+def gemm(w, code, G, t, uniq, offs, first, res, rows_first):
+    """qgemm.gemm on AMX tiles for format ``code`` (groups of G values; the tiles' xb carries
+    the quants' offset; the caller checked _isa.amx_int8())."""
+    _gemm(w, code, G, _amx.config(G), t, uniq, offs, first, res, rows_first)
+    return res
