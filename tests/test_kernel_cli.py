@@ -68,6 +68,14 @@ def test_describe_names_the_dot_product_instructions_present(monkeypatch):
     monkeypatch.setattr(_isa, "host", lambda: ("znver4", frozenset({"avx512f", "avx512vl", "avx512vnni"})))
     assert "int8 dots by VNNI vpdpbusd, quantized prefill by int8 tile GEMM, 512-bit" in _isa.describe()
     assert "unused" not in _isa.describe()
+    amx = frozenset({"avx512f", "avx512vl", "avx512vnni", "amx-int8", "amx-tile", "amx-bf16"})
+    monkeypatch.setattr(_isa, "host", lambda: ("sapphirerapids", amx))
+    monkeypatch.setattr(_isa, "amx_int8", lambda: True)                 # Linux granted the tiles
+    line = _isa.describe()
+    assert "quantized prefill by int8 tile GEMM on AMX-INT8 tiles" in line, line
+    assert line.endswith("present but unused: AMX-BF16 tiles"), line
+    monkeypatch.setattr(_isa, "amx_int8", lambda: False)                # not granted, or VNNI_TILES=1
+    assert "AMX-BF16 tiles, AMX-INT8 tiles" in _isa.describe()
     monkeypatch.setattr(_isa, "host", lambda: ("alderlake", frozenset({"avx2", "fma", "avxvnni"})))
     assert "quantized prefill by int8 tile GEMM, 256-bit vpdpbusd" in _isa.describe()
 

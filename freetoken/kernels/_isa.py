@@ -73,7 +73,7 @@ def describe() -> str:
     name, features = host()
     path = int8_dot_path(features)
     used = {"avx512vnni", "avxvnni"} if path == "vnni" else set()
-    amx = amx_int8()
+    amx = {"amx-int8", "amx-tile"} <= features and amx_int8()
     used |= {"amx-int8"} if amx else set()
     present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
