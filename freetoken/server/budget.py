@@ -6,13 +6,19 @@ the sentence each API's real service uses (clients parse them: Claude Code compa
 too long", and lowers max_tokens on "input length and `max_tokens` exceed context limit"):
 
 - a prompt that leaves no room for one output token: 400 ``context_length_exceeded``;
-- a ``max_tokens`` the client gave that does not fit what is left: 400 with the counts, as vLLM,
-  the OpenAI API and the Anthropic API do (never shortened behind the client's back);
+- a ``max_tokens`` the client gave that does not fit what is left: shortened to what is left, with
+  an INFO line (``--max-tokens-beyond-room shorten``, the default, as llama.cpp's server does), or
+  refused with a 400 giving the counts (``refuse``, as vLLM and the hosted APIs do). Shortening is
+  the default because clients do not recover from the 400 on a small context: Claude Code asks
+  32000 and, on the Anthropic sentence below, retries only when the context leaves 1000 + 3000
+  tokens past the prompt (2.1.197; docs/api.md has the evidence), and the SDKs raise;
 - a budget the server chose (``--default-max-tokens``, or "up to the context" when that is 0)
   is shortened to what is left: the client asked for nothing, so nothing is broken.
+An output budget that runs out ends the answer with finish reason ``length`` / ``max_tokens``.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 from freetoken.engine.request import SamplingParams
@@ -38,8 +44,13 @@ class TokenLimit:
         return f"This model's maximum context length is {self.context} tokens"
 
 
-def fit(engine, prompt_tokens: int, params: SamplingParams, max_tokens_given: bool) -> SamplingParams:
-    """`params` with an output budget that fits, or APIError(400) with the counts."""
+log = logging.getLogger("freetoken")
+
+
+def fit(engine, prompt_tokens: int, params: SamplingParams, max_tokens_given: bool,
+        refuse: bool = False) -> SamplingParams:
+    """`params` with an output budget that fits, or APIError(400) with the counts (a prompt with no
+    room; a given max_tokens beyond the room when ``refuse``)."""
     if prompt_tokens == 0:
         raise APIError(400, "the prompt is empty")
     limit = TokenLimit.of(engine)
@@ -47,8 +58,12 @@ def fit(engine, prompt_tokens: int, params: SamplingParams, max_tokens_given: bo
     room = limit.tokens - prompt_tokens
     if params.max_tokens <= room:
         return params
-    if max_tokens_given:
+    if max_tokens_given and refuse:
         raise _max_tokens_error(limit, prompt_tokens, params.max_tokens)
+    if max_tokens_given:
+        log.info("max_tokens %d shortened to %d: the %d-token prompt leaves that much of %d "
+                 "(--max-tokens-beyond-room refuse answers 400 instead)", params.max_tokens, room,
+                 prompt_tokens, limit.tokens)
     return replace(params, max_tokens=room)
 
 

@@ -24,6 +24,12 @@ class ServerConfig:
     max_body_bytes: int = _flag(32 << 20, "largest request body accepted (413 above)")
     sse_ping_interval: float = _flag(15.0, "seconds of silence before a keep-alive on a stream (0: none)")
     default_max_tokens: int = _flag(0, "output budget when a request gives none (0: up to the context length)")
+    max_tokens_beyond_room: str = _flag("shorten", "a max_tokens the client gave that does not fit after the "
+                                                   "prompt: shorten it to what is left (the answer ends with "
+                                                   "finish reason length / max_tokens if it gets there, as "
+                                                   "llama.cpp's server does; Claude Code asks 32000), or refuse "
+                                                   "it with a 400 giving the counts, as vLLM does",
+                                        ("shorten", "refuse"))
     tool_call_parser: str = _flag("auto", "how tool calls are read from the output: qwen reads "
                                           "<tool_call> JSON and <function=...> XML", ("auto", "qwen", "none"))
     reasoning_parser: str = _flag("auto", "split <think>...</think> into reasoning_content / thinking "

@@ -97,10 +97,12 @@ class Collected:
     prompt_logprobs: tuple | None = None
 
 
-def check_prompt(engine, ids: list[int], params: SamplingParams, max_tokens_given: bool = False) -> SamplingParams:
+def check_prompt(state, ids: list[int], params: SamplingParams, max_tokens_given: bool = False) -> SamplingParams:
     """`params` with an output budget that fits after `ids`, or APIError(400) for a prompt that
-    leaves no room to generate or a given max_tokens that does not fit (server/budget.py)."""
-    return budget.fit(engine, len(ids), params, max_tokens_given)
+    leaves no room to generate (or a given max_tokens beyond it, if the server refuses those:
+    server/budget.py)."""
+    return budget.fit(state.ready_engine(), len(ids), params, max_tokens_given,
+                      refuse=state.config.max_tokens_beyond_room == "refuse")
 
 
 async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: dict, *,
@@ -124,7 +126,7 @@ async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: d
     except ValueError as e:               # ChatTemplateError: the template refused these messages
         raise APIError(400, str(e)) from None
     if check:
-        params = check_prompt(engine, ids, params, max_tokens_given)
+        params = check_prompt(state, ids, params, max_tokens_given)
     think_open = opens_think(text)
     if params.grammar is not None and think_open and tokenizer.token_to_id(THINK_CLOSE) is not None:
         from freetoken.grammar import after_open_thought

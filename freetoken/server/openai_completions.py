@@ -53,7 +53,7 @@ async def completions(request: Request) -> Response:
     rid = new_id("cmpl-")
     gens = []
     for p, (ids, _) in enumerate(prompts):       # choice index = prompt index * n + j, as OpenAI
-        spec = GenSpec(ids, check_prompt(engine, ids, params, max_tokens_given=body.has("max_tokens")))
+        spec = GenSpec(ids, check_prompt(state, ids, params, max_tokens_given=body.has("max_tokens")))
         gens += fan_out(state, spec, "/v1/completions", rid if p == 0 else f"{rid}-p{p}", n)
     view = _View(TokenText(engine.tokenizer), prompts, n, echo, k is not None, score_only)
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body.data["model"]}

@@ -1,7 +1,10 @@
-"""Context and length honesty (issue 11 item 5), through the official SDKs: what does not fit is a
-400 with the counts in each API's own wording, a budget the server chose is shortened to fit,
---default-max-tokens caps requests that give none, and ``serve`` takes synth: models and a
---max-model-len beyond the trained length (with a warning)."""
+"""Context and length honesty (issue 11 item 5), through the official SDKs: a prompt that does not
+fit is a 400 with the counts in each API's own wording; a max_tokens beyond what the prompt leaves
+is shortened to it by default (the answer then ends with length / max_tokens, and an INFO line
+says so) or, with --max-tokens-beyond-room refuse, a 400 with the counts; a budget the server chose
+is shortened to fit, --default-max-tokens caps requests that give none, and ``serve`` takes synth:
+models and a --max-model-len beyond the trained length (with a warning)."""
+import logging
 import re
 
 import anthropic
@@ -26,6 +29,15 @@ def an(fake_server):
     return anthropic.Anthropic(base_url=fake_server.url, api_key="unused", max_retries=0, timeout=60)
 
 
+@pytest.fixture(scope="module")
+def refusing(demo_tokenizer):
+    """The scripted core served with --max-tokens-beyond-room refuse: (OpenAI, Anthropic) clients."""
+    server = ServerThread(lambda: FakeCore(demo_tokenizer), max_tokens_beyond_room="refuse").start()
+    yield (openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0),
+           anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60))
+    server.stop()
+
+
 def prompt_tokens(tokenizer, messages) -> int:
     return len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
 
@@ -45,7 +57,8 @@ def anthropic_error(call) -> dict:
 
 
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
-def test_openai_max_tokens_that_does_not_fit_is_400(oa, demo_tokenizer, key):
+def test_openai_max_tokens_that_does_not_fit_is_400_when_refused(refusing, demo_tokenizer, key):
+    oa = refusing[0]
     p = prompt_tokens(demo_tokenizer, USER)
     err = openai_error(lambda: oa.chat.completions.create(model=MODEL, messages=USER, **{key: CONTEXT - p + 1}))
     assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
@@ -62,7 +75,8 @@ def test_openai_without_max_tokens_gets_what_is_left(oa, demo_tokenizer):
     assert r.usage.completion_tokens == len(demo_tokenizer.encode("tok " * 3)) + 1      # + end of sequence
 
 
-def test_completions_max_tokens_that_does_not_fit_is_400(oa, demo_tokenizer):
+def test_completions_max_tokens_that_does_not_fit_is_400_when_refused(refusing, demo_tokenizer):
+    oa = refusing[0]
     p = len(demo_tokenizer.encode("SAY:ok"))
     err = openai_error(lambda: oa.completions.create(model=MODEL, prompt="SAY:ok", max_tokens=CONTEXT))
     assert err["code"] == "context_length_exceeded" and f"({CONTEXT} > {CONTEXT} - {p})" in err["message"]
@@ -77,7 +91,8 @@ def test_openai_prompt_beyond_the_context(oa, demo_tokenizer):
     assert f"maximum context length is {CONTEXT} tokens" in err["message"] and f"has {p} input tokens" in err["message"]
 
 
-def test_anthropic_max_tokens_that_does_not_fit_in_anthropic_words(an, demo_tokenizer):
+def test_anthropic_max_tokens_that_does_not_fit_in_anthropic_words_when_refused(refusing, demo_tokenizer):
+    an = refusing[1]
     p = prompt_tokens(demo_tokenizer, USER)
     expected = (f"input length and `max_tokens` exceed context limit: {p} + 32000 > {CONTEXT}, "
                 f"decrease input length or `max_tokens` and try again")
@@ -86,6 +101,27 @@ def test_anthropic_max_tokens_that_does_not_fit_in_anthropic_words(an, demo_toke
         assert err["message"] == expected
     m = an.messages.create(model=MODEL, max_tokens=CONTEXT - p, messages=USER)
     assert m.content[0].text == "ok"
+
+
+def test_max_tokens_beyond_the_room_is_shortened_by_default(oa, an, demo_tokenizer, caplog):
+    """Claude Code asks max_tokens 32000 and, on the 400, retries only when the context leaves 4000
+    tokens past its prompt, which the demo model's 2048 never do ("Prompt is too long", exit 1):
+    by default the server serves what is left, says so in an INFO line, and an answer that
+    reaches it ends with length / max_tokens."""
+    caplog.set_level(logging.INFO, logger="freetoken")
+    messages = [{"role": "user", "content": f"REPEAT:{CONTEXT}"}]
+    room = CONTEXT - prompt_tokens(demo_tokenizer, messages)
+    m = an.messages.create(model=MODEL, max_tokens=32000, messages=messages)
+    assert (m.stop_reason, m.usage.output_tokens) == ("max_tokens", room)
+    with an.messages.stream(model=MODEL, max_tokens=32000, messages=messages) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.usage.output_tokens) == ("max_tokens", room)
+    r = oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=CONTEXT)
+    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", room)
+    said = [rec.getMessage() for rec in caplog.records if "shortened" in rec.getMessage()]
+    assert f"max_tokens 32000 shortened to {room}" in said[0] and f"max_tokens {CONTEXT} shortened" in said[-1]
+    m = an.messages.create(model=MODEL, max_tokens=32000, messages=USER)     # room left over
+    assert (m.stop_reason, m.content[0].text) == ("end_turn", "ok")
 
 
 def test_anthropic_prompt_too_long_and_count_tokens_still_counts(an):
@@ -179,8 +215,13 @@ def test_serve_synth_model_beyond_its_trained_length():
     assert "output quality past 1024 tokens is not guaranteed" in log
 
 
-def test_responses_max_output_tokens_that_does_not_fit_is_400(oa):
-    """The Responses route follows chat: a given max_output_tokens past the context is refused."""
+def test_responses_max_output_tokens_that_does_not_fit(oa, refusing, demo_tokenizer):
+    """The Responses route follows chat: a given max_output_tokens past the context is shortened
+    (the response is incomplete when it runs out), or refused when the server refuses."""
+    r = oa.responses.create(model=MODEL, input=f"REPEAT:{CONTEXT}", max_output_tokens=CONTEXT)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens < CONTEXT
+    oa = refusing[0]
     err = openai_error(lambda: oa.responses.create(model=MODEL, input="SAY:ok", max_output_tokens=CONTEXT))
     assert err["code"] == "context_length_exceeded" and "too large" in err["message"]
     assert oa.responses.create(model=MODEL, input="SAY:ok", max_output_tokens=16).output_text == "ok"

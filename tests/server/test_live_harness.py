@@ -13,9 +13,9 @@ The server runs the demo model so that the answer always ends (Claude Code repor
 Code sends no temperature) and with SAY_TEMPLATE, which renders only the user's own words.
 Rendered whole, the 28k tokens are far past the 2048 positions the model was trained on and it
 never stops; and the date Claude Code puts in each turn changes the greedy answer, which did not
-end within 1024 tokens on 6 of 40 dates tried. The context (8192) leaves room for Claude Code's
-retry: it answers the 400 for `max_tokens` 32000 by lowering it (with the demo's own 2048 it
-gives up instead, "Prompt is too long").
+end within 1024 tokens on 6 of 40 dates tried. The server shortens Claude Code's `max_tokens`
+32000 to what the prompt leaves (docs/api.md). A second test runs `serve` as it comes (the
+built-in model and its own 2048-token context) with a file question.
 """
 import json
 import os
@@ -118,3 +118,24 @@ def test_claude_code_says_hi(claude, tmp_path):
     assert code == 0 and "Traceback" not in log, log[-3000:]
     assert re.search(r'"POST /v1/messages[^"]*" 200 ', log), log[-3000:]     # it really talked to this server
     print(f"claude {version}: {seconds:.1f} s, {result.get('num_turns')} turn(s)")
+
+
+def test_claude_code_pointed_straight_at_serve(claude, tmp_path):
+    """`python -m freetoken serve` as it comes (the built-in model, its 2048-token context) and
+    Claude Code with nothing but ANTHROPIC_BASE_URL: it asks max_tokens 32000, which the server
+    shortens to what its prompt leaves (a 400 made it print "Prompt is too long" and exit 1)."""
+    server = ServerProcess()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("alpha beta gamma\n")
+    try:
+        run = subprocess.run([str(claude), "-p", "Read the file notes.txt and tell me the first word",
+                              "--output-format", "json", "--model", MODEL], cwd=work,
+                             env=harness_env(server.url, tmp_path), capture_output=True, text=True, timeout=900)
+    finally:
+        code = server.stop()
+    log = "".join(server.stderr_lines)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:], log[-3000:])
+    assert json.loads(run.stdout)["subtype"] == "success"
+    assert re.search(r"max_tokens 32000 shortened to \d+: the \d+-token prompt", log), log[-3000:]
+    assert code == 0 and "Traceback" not in log, log[-3000:]
