@@ -22,9 +22,9 @@ async def health(request: Request) -> Response:
     if engine.state == "ready" and not state.stopping:
         return JSONResponse({"status": "ok", "model": state.model,
                              "uptime_s": round(time.time() - state.started, 1)})
-    status = "stopping" if state.stopping and engine.state == "ready" else engine.state
+    status = "draining" if state.stopping and engine.state == "ready" else engine.state
     message = {"loading": "the model is loading", "stopped": "the server is shutting down",
-               "stopping": "the server is shutting down: open requests are finishing"}.get(
+               "draining": "the server is shutting down: open requests are finishing"}.get(
         status, f"the engine failed to start: {engine.error}")
     return JSONResponse({"status": status, "error": {"message": message, "type": "unavailable_error",
                                                      "code": 503}}, status_code=503)

@@ -1,6 +1,7 @@
 """Run the server: bind first (so /health answers 503 while the model loads), load in the engine
-thread, print one ready line. On SIGINT/SIGTERM stop accepting, let open requests finish for up to
---shutdown-timeout, then end the rest (a second signal exits at once).
+thread, print one ready line. On SIGINT/SIGTERM drain: new requests get 503 and /health says
+"draining" while open requests get up to --shutdown-timeout to finish, the rest are ended in their
+API's shape, then the server stops accepting and exits 0 (a second signal exits at once, 130).
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from freetoken.log import logger
 from freetoken.server.config import ServerConfig
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-EXIT_DRAINED, EXIT_FAILED, EXIT_CUT = 0, 1, 3
+# a drain that had to end requests still exits 0: the shutdown was asked for and done (systemd and
+# Docker read any other code as a failed service); the WARN line says how many were ended
+EXIT_DRAINED, EXIT_FAILED = 0, 1
 CLOSE_GRACE = 2.0        # seconds after the drain's deadline for the ended requests' last bytes
 
 
@@ -52,7 +55,7 @@ def hypercorn_config(config: ServerConfig):
 async def serve_engine(engine: AsyncEngine, model_dir, config: ServerConfig,
                        stop: asyncio.Event | None = None, on_bound=None) -> int:
     """Serve `engine` (not yet started) until `stop` is set or a signal arrives; the exit code is
-    EXIT_DRAINED, EXIT_FAILED (the engine did not load) or EXIT_CUT (the drain ended requests)."""
+    EXIT_DRAINED, or EXIT_FAILED when the engine did not load."""
     from freetoken.server.state import ServerState
     from freetoken.tokenizer import load_chat_template
 
@@ -79,30 +82,30 @@ async def serve_engine(engine: AsyncEngine, model_dir, config: ServerConfig,
     if cut:
         logger.warning("shutdown: %d request(s) did not finish within %g s and were ended",
                        cut, config.shutdown_timeout)
-        return exit_code[0] or EXIT_CUT
     return exit_code[0]
 
 
 async def _serve(state, hc, sockets, stop: asyncio.Event) -> int:
-    """Hypercorn until `stop`, then the drain; returns how many requests the drain had to end."""
+    """Hypercorn until `stop`, then the drain (still accepting: /health answers 503 "draining"
+    and new requests 503), then hypercorn stops; returns how many requests the drain ended."""
     from hypercorn.asyncio.run import worker_serve
     from hypercorn.utils import wrap_app
 
     from freetoken.server import access
     from freetoken.server.app import build_app
     timeout = state.config.shutdown_timeout
-    drain: list[asyncio.Future] = []
+    cut: list[int] = []
 
     async def shutdown_trigger():
         await stop.wait()
         state.stopping = True                  # from here on new requests get 503
         n = len(state.open_requests)
         logger.info("shutting down%s", f": {n} open request(s) get up to {timeout:g} s to finish" if n else "")
-        drain.append(asyncio.ensure_future(access.drain(state, timeout)))
+        cut.append(await access.drain(state, timeout))
         # returning makes hypercorn stop accepting and wait for the open connections
     await worker_serve(wrap_app(build_app(state), hc.wsgi_max_body_size, "asgi"), hc,
                        sockets=sockets, shutdown_trigger=shutdown_trigger)
-    return await drain[0] if drain else 0
+    return cut[0] if cut else 0
 
 
 def _bind(hc, config: ServerConfig):
