@@ -1,17 +1,30 @@
 """The project's logger: one INFO/WARN line for every automatic decision and fallback."""
 import logging
 import sys
+import time
 
 logger = logging.getLogger("freetoken")
 
 
+def stamp(created: float | None = None) -> str:
+    """ISO 8601 UTC time with milliseconds, the first word of every line the server writes, so its
+    lines order against a client's or another replica's (journalctl and docker logs add theirs)."""
+    created = time.time() if created is None else created
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created * 1000) % 1000:03d}Z"
+
+
+class _Stamped(logging.Formatter):
+    def formatTime(self, record, datefmt=None):
+        return stamp(record.created)
+
+
 def setup(level: str = "INFO") -> None:
-    """Log to stderr with a short prefix; called by the CLI, never at import."""
+    """Log to stderr, each line stamped (``stamp``); called by the CLI, never at import."""
     if any(getattr(h, "_freetoken", False) for h in logger.handlers):
         logger.setLevel(level)
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[freetoken] %(levelname)s %(message)s"))
+    handler.setFormatter(_Stamped("%(asctime)s [freetoken] %(levelname)s %(message)s"))
     handler._freetoken = True
     logger.addHandler(handler)
     logger.setLevel(level)

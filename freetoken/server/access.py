@@ -4,6 +4,7 @@ a 503 or an error event in their API's own shape)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from contextvars import ContextVar
@@ -15,6 +16,7 @@ from freetoken.server import sse
 from freetoken.server.errors import APIError, api_of, error_body, error_response
 
 ACCESS_LOG = logging.getLogger("freetoken.access")
+MAX_REASON = 240                # characters of an error's message the access line carries
 CUT_MESSAGE = "the server is shutting down and this request did not finish within --shutdown-timeout"
 
 
@@ -36,6 +38,7 @@ class Record:
     first_token_at: float | None = None
     generated: bool = False
     cut: bool = False               # the drain ended it at the shutdown deadline
+    reason: str = ""                # an error answer's message (4xx/5xx JSON bodies)
 
     def line(self, now: float) -> str:
         parts = [f'{self.client} "{self.method} {self.path}" {self.status}']
@@ -45,6 +48,8 @@ class Record:
         parts.append(f"{now - self.t0:.3f}s")
         if self.cut:
             parts.append("ended at shutdown")
+        if self.reason:
+            parts.append(self.reason)
         return " | ".join(parts)
 
 
@@ -130,10 +135,23 @@ def _recording(record: Record, send):
             record.status, record.started = message["status"], True
             record.stream = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                                 for k, v in message.get("headers", ()))
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
-            record.finished = True
+        elif message["type"] == "http.response.body":
+            record.finished = not message.get("more_body", False)
+            if record.status >= 400 and not record.stream and not record.reason:
+                record.reason = _error_message(message.get("body", b""))
         await send(message)
     return recorded
+
+
+def _error_message(body: bytes) -> str:
+    """The message of an error answer's JSON body (either API's shape), shortened to one line."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    message = error.get("message", "") if isinstance(error, dict) else str(error or "")
+    message = " ".join(str(message).split())
+    return message if len(message) <= MAX_REASON else message[:MAX_REASON - 3] + "..."
 
 
 async def _end_cut(record: Record, send) -> None:

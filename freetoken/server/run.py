@@ -15,7 +15,7 @@ import threading
 
 from freetoken.config import EngineConfig
 from freetoken.engine.async_engine import AsyncEngine
-from freetoken.log import logger
+from freetoken.log import logger, stamp
 from freetoken.server.config import ServerConfig
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -126,7 +126,7 @@ def _bind(hc, config: ServerConfig):
 def _announce(engine: AsyncEngine, state, url: str, loop, stop: asyncio.Event, exit_code: list) -> None:
     """Engine-load watcher: the ready line, or an error and a shutdown when loading failed."""
     if engine.wait_ready():
-        print(f"[freetoken] ready: {url} (model {state.model!r}, loaded in {engine.load_seconds:.1f} s)",
+        print(f"{stamp()} [freetoken] ready: {url} (model {state.model!r}, loaded in {engine.load_seconds:.1f} s)",
               file=sys.stdout, flush=True)
         return
     if engine.state == "failed":

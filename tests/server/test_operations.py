@@ -1,5 +1,6 @@
 """Operations: the access log, CORS for --allowed-origins, GET /v1/models/{id}, --chat-template,
 and the /metrics histograms (valid Prometheus text)."""
+import json
 import logging
 import math
 import re
@@ -48,7 +49,8 @@ def test_access_log_has_one_line_per_request(fake_server, caplog):
     assert (prompt, cached, output) == (usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
                                         usage["completion_tokens"])
     assert 0 <= ttft <= total
-    assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 404 \| \d+\.\d{3}s', lines[1]), lines[1]
+    # a 4xx line ends with the error's message: what the client was told
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 404 \| \d+\.\d{3}s \| .*\bnope\b.*', lines[1]), lines[1]
     assert re.fullmatch(r'127\.0\.0\.1:\d+ "GET /health" 200 \| \d+\.\d{3}s', lines[2]), lines[2]
 
 
@@ -192,3 +194,12 @@ def test_anthropic_stream_usage_agrees_from_message_start_on():
     delta = next(e for e in events if e.type == "message_delta").usage
     assert start.cache_read_input_tokens > 0
     assert (start.input_tokens, start.cache_read_input_tokens) == (delta.input_tokens, delta.cache_read_input_tokens)
+
+
+def test_an_error_line_carries_the_message_shortened_to_one_line():
+    from freetoken.server.access import MAX_REASON, _error_message
+    anthropic_shape = {"type": "error", "error": {"type": "invalid_request_error", "message": "bad\n  field"}}
+    assert _error_message(json.dumps(anthropic_shape).encode()) == "bad field"
+    long = _error_message(json.dumps({"error": {"message": "word " * 200}}).encode())
+    assert len(long) == MAX_REASON and long.endswith("...")
+    assert _error_message(b"<html>not json</html>") == "" and _error_message(b"[1, 2]") == ""
