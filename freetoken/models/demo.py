@@ -5,6 +5,7 @@ and random test models use (`synth-tokenizer`: the same vocabulary with the plai
 template)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 DEMO_NAME = "tiny-agent-moe"
@@ -33,8 +34,29 @@ def resolve_model_dir(model: str | None, log) -> Path:
         return path
     path = Path(model).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory {path} does not exist")
+        raise FileNotFoundError(not_a_model_dir(model, path))
     return path
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+MODEL_FORMS = ("a model is a Hugging Face model directory (config.json, tokenizer.json, *.safetensors), "
+               "a .gguf file, or synth:NAME")
+
+
+def not_a_model_dir(model: str, path: Path) -> str:
+    """Why --model ``model`` (not a directory) cannot be loaded, and what to pass instead."""
+    if path.is_file():
+        part = {".safetensors": "a safetensors weights file", ".json": "a JSON file",
+                ".bin": "a PyTorch weights file (not read: convert it to safetensors)"}.get(path.suffix)
+        if part:
+            return f"--model {model}: {path} is {part}, part of a model: pass its directory ({MODEL_FORMS})"
+        return f"--model {model}: {path} is a file FreeToken cannot load ({MODEL_FORMS})"
+    if HUB_ID.fullmatch(model) and not model.startswith((".", "~")):
+        local = f"~/models/{model.split('/')[-1]}"
+        return (f"--model {model}: no such directory here, and it looks like a Hugging Face Hub id: "
+                f"FreeToken does not download models. Fetch it first (pip install huggingface_hub; "
+                f"hf download {model} --local-dir {local}) and pass --model {local}, or a .gguf file")
+    return f"--model {model}: model directory {path} does not exist ({MODEL_FORMS})"
 
 
 RANDOM_SHAPE = dict(hidden=128, layers=4, experts=16, top_k=4, moe_intermediate=64, heads=4,

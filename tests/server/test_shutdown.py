@@ -158,16 +158,32 @@ def test_a_port_in_use_is_one_line():
     assert f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line
 
 
-@pytest.mark.parametrize("case", ["template syntax", "model without config.json"])
+MODEL_CASES = {   # --model as given (tmp/ is a scratch directory) -> what the one line must say
+    "Qwen/Qwen3-30B-A3B": ("looks like a Hugging Face Hub id", "does not download models",
+                           "hf download Qwen/Qwen3-30B-A3B --local-dir ~/models/Qwen3-30B-A3B"),
+    "tmp/model.safetensors": ("is a safetensors weights file, part of a model: pass its directory",),
+    "tmp/notes.txt": ("is a file FreeToken cannot load", "a .gguf file"),
+    "tmp/missing": ("does not exist", "Hugging Face model directory"),
+}
+
+
+@pytest.mark.parametrize("case", ["template syntax", "model without config.json", *MODEL_CASES])
 def test_start_up_failures_are_one_line(tmp_path, case):
+    """Each says what is wrong and what to pass instead: a hub id is not downloaded, a file is not
+    a model directory (an unknown --model said "model directory ... does not exist" for all)."""
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("hi\n")
     if case == "template syntax":
         (tmp_path / "t.jinja").write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
-        proc, expected = run_serve("--port", "0", "--chat-template", str(tmp_path / "t.jinja")), "line 2"
+        proc, expected = run_serve("--port", "0", "--chat-template", str(tmp_path / "t.jinja")), ("line 2",)
+    elif case in MODEL_CASES:
+        proc = run_serve("--port", "0", "--model", case.replace("tmp/", f"{tmp_path}/"))
+        expected = MODEL_CASES[case]
     else:
-        proc, expected = run_serve("--port", "0", "--model", str(tmp_path)), "no config.json"
+        proc, expected = run_serve("--port", "0", "--model", str(tmp_path)), ("no config.json",)
     assert proc.returncode == EXIT_FAILED
     [line] = error_lines(proc)
-    assert expected in line, line
+    assert all(part in line for part in expected), line
 
 
 def test_ctl_into_a_closed_pipe_exits_quietly(fake_server):
