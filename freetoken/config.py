@@ -158,13 +158,14 @@ class EngineConfig:
         32, "offload/hybrid: prefill chunks shorter than this run through the expert cache like "
         "decode instead of streaming whole layers (0: never; 32 measured: docs/performance.md)")
     moe_cpu_threads: int | None = _flag(None, "CPU expert executor threads (auto: numba's thread count)", kind=int)
-    disable_moe_prefill_overlap: bool = _flag(
-        False, "prefill: load each MoE layer in turn instead of streaming layer l+1 while layer l "
-        "computes (overlap needs >= 2E expert slots)")
-    disable_cuda_graph: bool = _flag(False, "run decode eagerly instead of replaying CUDA graphs")
-    disable_thread_tuning: bool = _flag(
-        False, "cpu backend: keep every compute thread even when decode slows down (by default a "
-        "slowdown, e.g. another process busy on a core, tries one thread fewer and keeps it while faster)")
+    moe_prefill_overlap: bool = _flag(
+        True, "prefill: stream MoE layer l+1 while layer l computes (needs >= 2E expert slots; "
+        "--no-moe-prefill-overlap loads each layer in turn)")
+    cuda_graph: bool = _flag(True, "replay decode steps as captured CUDA graphs (--no-cuda-graph: run "
+                                   "decode eagerly)")
+    thread_tuning: bool = _flag(
+        True, "cpu backend: when decode slows down (e.g. another process busy on a core) try one "
+        "thread fewer and keep it while faster (--no-thread-tuning keeps every compute thread)")
     gpu_memory_gb: float | None = _flag(None, "cap the GPU memory FreeToken may use, in GB (auto: all that is free)",
                                         kind=float)
     seed: int = _flag(0, "default sampling seed for requests that give none")

@@ -23,7 +23,7 @@ MOE = {
 }
 MODES = {
     "graphs+overlap": dict(),
-    "eager+serial": dict(disable_cuda_graph=True, disable_moe_prefill_overlap=True),
+    "eager+serial": dict(cuda_graph=False, moe_prefill_overlap=False),
 }
 
 

@@ -102,7 +102,7 @@ class EngineCore:
 
     def _make_tuner(self):
         """The CPU backend's compute-thread tuner (engine/thread_tuner.py), or None."""
-        if self.ops.name != "cpu" or self.config.disable_thread_tuning:
+        if self.ops.name != "cpu" or not self.config.thread_tuning:
             return None
         from freetoken.engine.thread_tuner import ThreadTuner
         from freetoken.kernels._numba import load_numba

@@ -129,7 +129,7 @@ class DecodeGraph:
 
 class DecodeGraphs:
     """Graphs for decode batch sizes 1..max_batch sharing one pool; anything else runs eagerly.
-    `enabled=False` is --disable-cuda-graph: every step runs the eager forward."""
+    `enabled=False` is --no-cuda-graph: every step runs the eager forward."""
 
     def __init__(self, model, ops, max_batch: int, max_context: int, *, enabled: bool = True):
         self.model, self.ops = model, ops

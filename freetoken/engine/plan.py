@@ -159,7 +159,7 @@ def _graphs(compute: str, moe_backend: str, model: ModelConfig, config: EngineCo
     host each layer; a GDN model's state-pool rows are not captured yet."""
     if compute != "cuda":
         return Decision("cuda graphs", "off", "not a CUDA engine")
-    reason = ("--disable-cuda-graph" if config.disable_cuda_graph else
+    reason = ("--no-cuda-graph" if not config.cuda_graph else
               "a GDN (Gated DeltaNet) model" if model.has_gdn else
               f"the MoE backend is {moe_backend}, not fused" if moe_backend != "fused" else None)
     return Decision("cuda graphs", "off" if reason else "on", reason or "fused MoE, decode steps replayed")

@@ -69,7 +69,7 @@ def plan_moe(cfg: ModelConfig, ec, ask: MoEAsk, gpu: bool, fit: int | None, prof
     if policy is not None:
         decisions.append(policy[1])
     return MoEPlan(chosen, count, policy[0] if policy else None, ec.moe_cpu_threads,
-                   ec.disable_moe_prefill_overlap, ec.moe_prefill_decode_tokens), decisions
+                   not ec.moe_prefill_overlap, ec.moe_prefill_decode_tokens), decisions
 
 
 def _backend(asked: str, gpu: bool, total: int, fit: int | None, profile) -> Decision:

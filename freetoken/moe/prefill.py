@@ -13,7 +13,7 @@ records `ready`; compute waits for `ready`. An expert the decode
 cache holds in a slot >= 2E is copied device to device instead of over the link. Routed ids are
 used unmapped: buffer position = expert id.
 
-Without overlap (--disable-moe-prefill-overlap, or S < 2E with a WARN line): per-layer
+Without overlap (--no-moe-prefill-overlap, or S < 2E with a WARN line): per-layer
 materialisation on the compute stream, in groups of min(S, E) experts through slots [0, group):
 each group is loaded (resident copies device to device), the ids outside it masked to -1, and the
 partial sums added. Slots the prefill borrowed are invalidated, never registered; slots >= the
@@ -31,7 +31,7 @@ from freetoken.log import Log
 def overlap_ok(num_slots: int, num_experts: int, disabled: bool, log=None) -> bool:
     """Whether prefill double-buffers; every fallback is one WARN line that says why."""
     if disabled:
-        Log(log).info("moe prefill: overlap disabled (--disable-moe-prefill-overlap); each layer is "
+        Log(log).info("moe prefill: overlap disabled (--no-moe-prefill-overlap); each layer is "
                       "materialised in turn")
         return False
     if num_slots < 2 * num_experts:

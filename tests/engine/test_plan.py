@@ -179,7 +179,7 @@ def test_context_beyond_the_trained_length_runs_with_a_warning():
 
 
 @pytest.mark.parametrize("facts, flags, want", [
-    (gpu(8), {}, True), (gpu(8), {"disable_cuda_graph": True}, False),
+    (gpu(8), {}, True), (gpu(8), {"cuda_graph": False}, False),
     (gpu(8), {"moe_backend": "offload"}, False), (CPU, {}, False),
 ])
 def test_cuda_graphs_need_cuda_and_fused(facts, flags, want):

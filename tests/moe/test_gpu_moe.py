@@ -153,7 +153,7 @@ def test_prefill_overlap_same_logits_through_the_engine():
     logits = []
     for disabled in (False, True):
         llm = LLM(str(d), backend="cuda", moe_backend="offload", moe_cache_size=20,
-                  disable_moe_prefill_overlap=disabled)
+                  moe_prefill_overlap=not disabled)
         try:
             logits.append(teacher_forced_logits(llm, ids))
         finally:
