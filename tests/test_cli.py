@@ -57,3 +57,18 @@ def test_bad_flags_are_clear_errors():
                         "--moe-cache-size", "3", "--moe-cache-rate", "0.5", "--moe-backend", "offload"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "mutually exclusive" in r.stderr
+
+
+def test_serve_help_names_every_route_and_launch_the_served_model():
+    """`serve --help` once left out /v1/responses; `launch --dry-run` named a model the package no
+    longer has (tiny-coder-moe)."""
+    from freetoken.models.demo import DEMO_NAME
+    from freetoken.server.app import ROUTES
+    text = " ".join(freetoken("serve", "--help").stdout.split())
+    for route in ROUTES:
+        path = route.path.split("{")[0].rstrip("/")
+        want = ("/v1/cache/*" if path.startswith("/v1/cache") else
+                "count_tokens" if path.endswith("count_tokens") else path)
+        assert want in text, (route.path, text[:600])
+    r = freetoken("launch", "claude", "--dry-run", "--port", "9")    # nothing listens on port 9
+    assert f"ANTHROPIC_MODEL={DEMO_NAME}" in r.stdout, r.stdout

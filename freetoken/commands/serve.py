@@ -6,9 +6,9 @@ from freetoken.flags import add_config_flags, config_from_args
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve OpenAI and Anthropic APIs over HTTP (default 127.0.0.1:1919)",
-                       description="Serve a model over HTTP: /v1/chat/completions, /v1/completions, /v1/models, "
-                                   "/v1/messages, /health, /metrics, /v1/cache/*. Without --model it serves "
-                                   "the built-in demo model. See docs/api.md.")
+                       description="Serve a model over HTTP: /v1/chat/completions, /v1/completions, /v1/responses, "
+                                   "/v1/models, /v1/messages (+ /count_tokens), /health, /metrics, /v1/cache/*. "
+                                   "Without --model it serves the built-in demo model. See docs/api.md.")
     from freetoken.server.config import ServerConfig
     add_config_flags(p, ServerConfig)
     add_config_flags(p)
