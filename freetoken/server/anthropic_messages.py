@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from freetoken.log import logger
 from freetoken.server.errors import APIError
-from freetoken.server.messages import (MAX_MESSAGES, Conversation, _forced, _function, _required, _text_parts,
+from freetoken.server.messages import (MAX_MESSAGES, Conversation, check_tool_results, _forced, _function, _required, _text_parts,
                                        _unsupported, parse_tools)
 from freetoken.server.protocol import Body
 
@@ -23,6 +23,7 @@ def anthropic_conversation(body: Body) -> Conversation:
         out.append({"role": "system", "content": _text_parts(body.data["system"], "system")})
     for i, m in enumerate(body.list("messages", nonempty=True, max_items=MAX_MESSAGES)):
         out.extend(_message(Body(m, f"messages[{i}]")))
+    check_tool_results(out, "tool_use_id")
     keep = _thinking_turns_kept(body)
     if keep is not None:
         _clear_thinking(out, keep)

@@ -30,7 +30,9 @@ _WS = json.decoder.WHITESPACE
 
 
 async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object: 413 over `limit` bytes, 400 when it is not a JSON object."""
+    """The body as a JSON object: 415 when it is declared as another media type (no
+    content-type is taken as JSON), 413 over `limit` bytes, 400 when it is not a JSON object."""
+    _check_media_type(request.headers.get("content-type"))
     raw = await _read(request, limit)
     if len(raw) <= SMALL:
         data = parse(raw)
@@ -39,6 +41,14 @@ async def read_json(request: Request, limit: int) -> dict:
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     return data
+
+
+def _check_media_type(declared: str | None) -> None:
+    media = (declared or "application/json").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise APIError(415, f"the request body must be JSON (content-type: application/json), not {media!r}"
+                       + ("; curl sends that for -d unless given -H 'content-type: application/json'"
+                          if media == "application/x-www-form-urlencoded" else ""))
 
 
 async def _read(request: Request, limit: int) -> bytes:

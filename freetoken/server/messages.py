@@ -76,8 +76,22 @@ def _arguments(value):
 def openai_conversation(body: Body) -> Conversation:
     msgs = body.list("messages", nonempty=True, max_items=MAX_MESSAGES)
     out = [_openai_message(Body(m, f"messages[{i}]")) for i, m in enumerate(msgs)]
+    check_tool_results(out, "tool_call_id")
     tools = _openai_tools(body)
     return Conversation(out, tools, _openai_choice(body, tools))
+
+
+def check_tool_results(messages: list[dict], id_field: str) -> None:
+    """Every tool result answers a call an earlier assistant message made, by its id (what the
+    hosted APIs refuse too: a result the model never asked for would be rendered as its answer)."""
+    made: set[str] = set()
+    for m in messages:
+        if m["role"] == "assistant":
+            made.update(c["id"] for c in m.get("tool_calls", ()) if c["id"])
+        elif m["role"] == "tool" and m["tool_call_id"] not in made:
+            said = repr(m["tool_call_id"]) if m["tool_call_id"] else "no id"
+            raise APIError(400, f"a tool result carries {said} in {id_field}: it must be the id of a tool "
+                                "call an earlier assistant message made", param="messages")
 
 
 def _openai_message(m: Body) -> dict:

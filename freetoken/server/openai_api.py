@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 

@@ -95,8 +95,11 @@ def items_messages(items: list, param: str = "input") -> list[dict]:
 
 
 def input_messages(body: Body) -> list[dict]:
-    """`input`: a string (one user message), an array of items, or absent."""
+    """`input`: a string (one user message) or an array of items; required (this server keeps no
+    earlier responses for previous_response_id to continue)."""
     value = body.data.get("input")
+    if value is None:
+        raise APIError(400, "input is required: a string or an array of input items", param="input")
     if isinstance(value, str):
         return [{"role": "user", "content": value}] if value else []
     return items_messages(body.list("input", [], max_items=MAX_MESSAGES))

@@ -33,6 +33,19 @@ CASES = {
     "invalid utf-8": (raw("/v1/chat/completions", b'{"model": "\xff\xfe"}'), 400),
     "deep nesting": (raw("/v1/chat/completions", b'{"a": ' + b"[" * 100000 + b"]" * 100000 + b"}"), 400),
     "oversize body": (raw("/v1/chat/completions", b'{"model": "' + b"x" * (2 << 20) + b'"}'), 413),
+    "text/plain body": (raw("/v1/chat/completions", b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}'
+                            % M.encode(), {"content-type": "text/plain"}), 415),
+    "curl -d's form type": (raw("/v1/messages", b'{"model": "%s", "max_tokens": 8, "messages": []}' % M.encode(),
+                                {"content-type": "application/x-www-form-urlencoded"}), 415),
+    "tool result without tool_call_id": (chat(messages=USER + [{"role": "tool", "content": "42"}]), 400),
+    "tool result for no call": (chat(messages=[
+        *USER, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "42"}]), 400),
+    "anthropic tool_result for no tool_use": (msg(messages=[
+        *USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "42"}]}]), 400),
+    "responses without input": (("POST", "/v1/responses", {"model": M}), 400),
     # OpenAI chat fields
     "missing model": (drop(chat(), "model"), 400),
     "unknown model": (chat(model="gpt-9"), 404),
