@@ -36,8 +36,9 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # (2026-12-04): the emulator's race, stream-hazard, slack and launch-limit checks (~320 lines);
 # -> 15,500 (2026-12-04): quantized prefill on AMX-INT8 tiles (~195), the stream-order fuzz, the
 # non-finite rules of attention, the norms and gdn; -> 15,550 (2026-12-04): the first-contact
-# fixes of the server (shortened max_tokens, the drain's /health, stamped log lines, error reasons)
-MAX_PACKAGE_LINES = 15_550
+# fixes of the server (shortened max_tokens, the drain's /health, stamped log lines, error reasons,
+# refused tool results and media types, the --model advice)
+MAX_PACKAGE_LINES = 15_600
 
 
 def _module_name(path: Path) -> str:

@@ -22,7 +22,7 @@ from freetoken.server.body import read_json
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
 from freetoken.server.logprobs import TokenText
-from freetoken.server.messages import Conversation
+from freetoken.server.messages import Conversation, check_tool_results
 from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, template_kwargs,
                                        tool_choice_grammar)
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
@@ -217,7 +217,9 @@ def _history(body: Body, store: ResponseStore) -> list[dict]:
             raise APIError(400, f"previous response {prev_id!r} was not found: it was made with store: false, or "
                                 f"this server restarted or forgot it (it keeps the last {store.capacity})",
                            param="previous_response_id", code="previous_response_not_found")
-    return previous + input_messages(body)
+    messages = previous + input_messages(body)
+    check_tool_results(messages, "call_id")
+    return messages
 
 
 class _Run:

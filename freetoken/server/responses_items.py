@@ -95,8 +95,8 @@ def items_messages(items: list, param: str = "input") -> list[dict]:
 
 
 def input_messages(body: Body) -> list[dict]:
-    """`input`: a string (one user message) or an array of items; required (this server keeps no
-    earlier responses for previous_response_id to continue)."""
+    """`input`: a string (one user message) or an array of items; required (also with
+    previous_response_id: a continuation says what comes next)."""
     value = body.data.get("input")
     if value is None:
         raise APIError(400, "input is required: a string or an array of input items", param="input")

@@ -46,6 +46,9 @@ CASES = {
         *USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "42"}]}]), 400),
     "responses without input": (("POST", "/v1/responses", {"model": M}), 400),
+    "responses function_call_output for no call": (("POST", "/v1/responses", {"model": M, "input": [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "function_call_output", "call_id": "call_9", "output": "42"}]}), 400),
     # OpenAI chat fields
     "missing model": (drop(chat(), "model"), 400),
     "unknown model": (chat(model="gpt-9"), 404),
