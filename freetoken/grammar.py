@@ -1,5 +1,5 @@
-"""Constrained decoding (structured output) with llguidance, the optional extra
-``pip install 'freetoken[grammar]'``; the only module that imports it, lazily. See
+"""Constrained decoding (structured output) with llguidance, a dependency (an install without it
+refuses what needs it with a 400 naming it); the only module that imports it, lazily. See
 docs/constrained-decoding.md.
 
 A grammar is Lark text (llguidance's dialect: ``%json {schema}`` sub-rules, special tokens by
@@ -15,7 +15,7 @@ import json
 import threading
 import time
 
-INSTALL_HINT = "pip install 'freetoken[grammar]'"
+INSTALL_HINT = "pip install 'freetoken[grammar]'"          # llguidance: a dependency this install lacks
 
 
 class GrammarUnavailable(RuntimeError):

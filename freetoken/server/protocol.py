@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from freetoken.engine.request import InvalidRequest, SamplingParams
+from freetoken.log import logger
 from freetoken.server.errors import APIError
 
 MISSING = object()
@@ -187,14 +188,19 @@ def json_format_grammar(kind: str, schema: dict | None) -> str | None:
 
 def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     """(grammar, field) for a conversation whose tool choice is `required` or a named tool: the
-    model's tool-call form (Qwen3's JSON one) over the tools shown (all, or the named one). None,
-    i.e. not enforced as before, without the grammar extra or for another form (Qwen3-Coder's XML
-    template); None too when the choice forces nothing (no tools, `auto`, `none`)."""
+    model's tool-call form (Qwen3's JSON one) over the tools shown (all, or the named one); a 400
+    naming the missing dependency where llguidance is not installed (as for json_schema). None
+    when the choice forces nothing (no tools, `auto`, `none`), and for Qwen3-Coder's XML form,
+    which has no grammar yet (a WARN line each time: not enforced)."""
     if not conv.tools or conv.choice in ("auto", "none"):
         return None, "tool_choice"
     from freetoken import grammar as g
-    template = state.ready_engine().tokenizer.chat_template or ""
-    if not g.available() or "<function=" in template:
+    if not g.available():
+        raise APIError(400, f"tool_choice {conv.choice!r} needs constrained decoding, which is not "
+                            f"installed: {g.INSTALL_HINT}", param="tool_choice")
+    if "<function=" in (state.ready_engine().tokenizer.chat_template or ""):
+        logger.warning("tool_choice %r is not enforced: the model's XML tool-call form has no grammar",
+                       conv.choice)
         return None, "tool_choice"
     return g.tool_call_grammar(conv.template_tools, parallel=parallel), "tool_choice"
 

@@ -151,4 +151,13 @@ def test_structured_output_without_the_grammar_extra_names_it(client, fake_serve
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})
     assert r.status_code == 400 and "needs constrained decoding, which is not installed: pip install 'freetoken[grammar]'" \
         in r.json()["error"]["message"], r.text
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = httpx.post(fake_server.url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(      # not silently unenforced
+        "tool_choice 'required' needs constrained decoding, which is not installed"), r.text
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice 'f' needs constrained decoding"):
+        client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}],
+                               tools=[{"name": "f", "input_schema": {"type": "object"}}],
+                               tool_choice={"type": "tool", "name": "f"})
     assert say(client, "SAY:fine", output_config={"effort": "high"}).content[0].text == "fine"
