@@ -110,14 +110,18 @@ class CheckpointPool:
         return ckpt
 
     def link(self, ckpt: Checkpoint, node) -> None:
-        """Make `ckpt` the node's checkpoint (replacing an older one), then evict to the budget."""
-        if node.checkpoint is not None:
-            ckpt.keep = ckpt.keep or node.checkpoint.keep       # the same state, taken again
-            self.drop(node.checkpoint)
+        """Make `ckpt` the node's checkpoint (replacing an older one), then evict to the budget.
+        The new one is counted before the old one is freed, so the old buffer is kept as a spare
+        only if both fit the budget (the other order kept it beside the new one: 2 x a 1-checkpoint
+        budget)."""
+        old = node.checkpoint
         ckpt.node, node.checkpoint = node, ckpt
         tier = self.tiers[ckpt.tier]
         tier.lru[id(ckpt)] = ckpt
         tier.bytes += ckpt.nbytes
+        if old is not None:
+            ckpt.keep = ckpt.keep or old.keep                   # the same state, taken again
+            self.drop(old)
         self._evict_host()
 
     def restore(self, ckpt: Checkpoint, states, row: int) -> None:
