@@ -10,14 +10,17 @@ RETRY_EVERY steps (the other process may have stopped). A process that starts on
 no slowdown (and no jitter to go by: each step averages ~100 waits), so its first START_STEPS
 steps are followed by one try of as many, whatever they showed: on a quiet box that is three
 slower steps once per process (~0.05 s on medium; under a hog, each step at the wrong count
-costs about a second), and a slowdown is needed for any other.
-Every change is one log line.
+costs about a second), and a slowdown is needed for any other. The first WARM_STEPS decode steps
+are not timed: they pay one-time costs (first touches of the weights, kernels compiled at first
+use) that made the start's try report factors up to 600x.
+Every change is one INFO line with both speeds; a try that changes nothing is a DEBUG line.
 """
 from __future__ import annotations
 
 from collections import deque
 from statistics import median
 
+WARM_STEPS = 4         # decode steps after start that are not timed (one-time costs)
 PROBE_STEPS = 6        # decode steps timed per try (medians: one preempted step must not decide)
 START_STEPS = 3        # the first window and the try after it: short, they run on every start
 SLOWDOWN = 1.5         # recent median step time over the settled one that starts a try
@@ -38,6 +41,7 @@ class ThreadTuner:
         self._trial: tuple | None = None         # (threads tried, their times, median before, steps)
         self._since = 0                          # steps since the last decision
         self._tried_at_start = self.n == 1       # one try after the first window, whatever it showed
+        self._warm = WARM_STEPS
 
     def restore(self) -> None:
         """Set the full count again (the engine is closing: the thread stays its caller's)."""
@@ -53,6 +57,9 @@ class ThreadTuner:
     def observe(self, seconds: float, tokens: int) -> None:
         """One decode step: its time and its tokens (a step of 4 sequences costs less per token
         than one of 1, so steps are compared only with steps of the same size)."""
+        if self._warm > 0:
+            self._warm -= 1
+            return
         per_token = seconds / max(1, tokens)
         if tokens != self._batch:
             self._batch = tokens
@@ -76,7 +83,8 @@ class ThreadTuner:
                 self._tried_at_start = True
                 self._try(self.n - 1, now, START_STEPS)
         elif self.n > 1 and now > SLOWDOWN * settled:
-            self._try(self.n - 1, now)
+            # the window straddles the change: the slow steps are what a try must beat and report
+            self._try(self.n - 1, median([t for t in self._recent if t > SLOWDOWN * settled]))
         elif self.n < self.full and self._since >= RETRY_EVERY:
             self._try(self.full, now)
 
@@ -90,10 +98,13 @@ class ThreadTuner:
         if tried * MARGIN < before:
             why = ("another process is using this machine's cores; the full count is retried every "
                    f"{RETRY_EVERY} steps" if threads < self.n else "the cores are free again")
-            self._log.info("cpu threads %d -> %d: decode steps %.1fx faster (%s)", self.n, threads,
-                           before / tried, why)
+            self._log.info("cpu threads %d -> %d: decode %.2f -> %.2f ms a token, %.1fx faster (%s)",
+                           self.n, threads, before * 1e3, tried * 1e3, before / tried, why)
             self.n, self._settled = threads, {self._batch: tried}   # other sizes: measured anew
         else:                               # the next full window at self.n is the new baseline
+            if hasattr(self._log, "debug"):
+                self._log.debug("cpu threads: %d tried, %d kept (%.2f against %.2f ms a token)",
+                                threads, self.n, tried * 1e3, before * 1e3)
             self._set(self.n)
             self._settled.pop(self._batch, None)
         self._trial, self._since = None, 0
