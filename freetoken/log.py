@@ -1,4 +1,5 @@
 """The project's logger: one INFO/WARN line for every automatic decision and fallback."""
+import contextlib
 import logging
 import sys
 import time
@@ -18,12 +19,45 @@ class _Stamped(logging.Formatter):
         return stamp(record.created)
 
 
+class _Holding(logging.StreamHandler):
+    """stderr, except that lines logged while a reply streams to the terminal wait for its end
+    (``held``): on a terminal both streams share one screen, and a line landed mid-reply."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.holding, self.waiting = 0, []
+
+    def emit(self, record):
+        if self.holding:
+            self.waiting.append(record)
+        else:
+            super().emit(record)
+
+    def resume(self):          # not release(): logging.Handler's lock uses that name
+        self.holding -= 1
+        while not self.holding and self.waiting:
+            super().emit(self.waiting.pop(0))
+
+
+@contextlib.contextmanager
+def held():
+    """Log lines wait until the block ends (a reply streaming to stdout)."""
+    handlers = [h for h in logger.handlers if isinstance(h, _Holding)]
+    for h in handlers:
+        h.holding += 1
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.resume()
+
+
 def setup(level: str = "INFO") -> None:
     """Log to stderr, each line stamped (``stamp``); called by the CLI, never at import."""
     if any(getattr(h, "_freetoken", False) for h in logger.handlers):
         logger.setLevel(level)
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Holding(sys.stderr)
     handler.setFormatter(_Stamped("%(asctime)s [freetoken] %(levelname)s %(message)s"))
     handler._freetoken = True
     logger.addHandler(handler)

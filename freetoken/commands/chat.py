@@ -13,6 +13,7 @@ import signal
 import sys
 
 from freetoken.flags import add_config_flags, config_from_args
+from freetoken.log import held
 from freetoken.commands.generate import add_sampling_flags
 
 PROMPT = "you> "
@@ -99,7 +100,7 @@ class ChatSession:
     def _stream(self, prompt: list[int]) -> tuple[str, str]:
         stream = self.llm.stream(prompt, self.params)
         parts, how = [], None
-        with StopOnInterrupt() as stop:
+        with StopOnInterrupt() as stop, held():    # log lines after the reply, not inside it
             try:
                 for text in stream:
                     self.out.write(text)

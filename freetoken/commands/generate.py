@@ -5,6 +5,7 @@ import json
 import sys
 
 from freetoken.flags import add_config_flags, config_from_args
+from freetoken.log import held
 
 
 DEFAULT_CHAT = "Write Python code."   # what the demo model was trained to answer
@@ -55,10 +56,11 @@ def run(args) -> int:
         messages.append({"role": "user", "content": args.chat})
         kwargs = {"enable_thinking": False} if args.no_think else {}
         prompt = llm.chat_prompt(messages, **kwargs)
-    for text in llm.stream(prompt, params):
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+    with held():                              # log lines after the text, not inside it
+        for text in llm.stream(prompt, params):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
     out = llm.last_output
     m = out.metrics
     print(f"[freetoken] prompt tokens {m['prompt_tokens']} | generated tokens {m['generated_tokens']} | "
