@@ -28,10 +28,7 @@ class _Holding(logging.StreamHandler):
         self.holding, self.waiting = 0, []
 
     def emit(self, record):
-        if self.holding:
-            self.waiting.append(record)
-        else:
-            super().emit(record)
+        (self.waiting.append if self.holding else super().emit)(record)
 
     def resume(self):          # not release(): logging.Handler's lock uses that name
         self.holding -= 1
@@ -48,8 +45,7 @@ def held():
     try:
         yield
     finally:
-        for h in handlers:
-            h.resume()
+        list(map(_Holding.resume, handlers))
 
 
 def setup(level: str = "INFO") -> None:

@@ -102,9 +102,8 @@ class ThreadTuner:
                            self.n, threads, before * 1e3, tried * 1e3, before / tried, why)
             self.n, self._settled = threads, {self._batch: tried}   # other sizes: measured anew
         else:                               # the next full window at self.n is the new baseline
-            if hasattr(self._log, "debug"):
-                self._log.debug("cpu threads: %d tried, %d kept (%.2f against %.2f ms a token)",
-                                threads, self.n, tried * 1e3, before * 1e3)
+            self._log.debug("cpu threads: %d tried, %d kept (%.2f against %.2f ms a token)",
+                            threads, self.n, tried * 1e3, before * 1e3)
             self._set(self.n)
             self._settled.pop(self._batch, None)
         self._trial, self._since = None, 0
