@@ -67,12 +67,9 @@ def missing_entries(path, cubin: bytes) -> list[str]:
 def check(cp, archs=ARCHS) -> list[str]:
     """Compile every source and variant for every arch (NVRTC runs outside the GIL: a thread
     per core); one line per failure."""
-    from freetoken.kernels import _cuda
-    from freetoken.kernels.launch_limits import variants
-    jobs = [(path, arch, defines) for path in sorted(cuda_dir().glob("*.cu"))
-            for defines in variants(_cuda.read_source(path)) for arch in archs]
+    from freetoken.kernels.launch_limits import jobs
     with named_arch(cp.cuda.compiler), ThreadPoolExecutor(os.cpu_count()) as pool:
-        results = list(pool.map(lambda job: _one(cp, *job), jobs))
+        results = list(pool.map(lambda job: _one(cp, *job), jobs(archs)))
     return [line for lines in results for line in lines]
 
 

@@ -162,13 +162,8 @@ def owners(ranges) -> list:
     queued operation keeps them, as CuPy's pools do not hand out a block that queued work still
     uses (frees in stream order; pinned blocks watched by an event), so an array dropped after
     its last use was queued does not go away under that use."""
-    found = []
-    for lo, hi, _ in ranges:
-        hit = DEVICE.find(lo) if hi > lo else None
-        hit = hit if hit is not None else (PINNED.find(lo) if hi > lo else None)
-        if hit is not None:
-            found.append(hit[2])
-    return found
+    hits = (DEVICE.find(lo) or PINNED.find(lo) for lo, hi, _ in ranges if hi > lo)
+    return [hit[2] for hit in hits if hit is not None]
 
 
 def poison_count(view: np.ndarray) -> int:

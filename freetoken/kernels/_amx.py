@@ -3,10 +3,11 @@ kernels/qgemm_amx.py's quantized GEMM is made of. Imports numba and llvmlite at 
 qgemm_amx imports it, once the engine has chosen that path.
 
 A core has eight tile registers of up to 16 rows x 64 bytes, shaped by a 64-byte configuration
-(``config``) loaded per thread. ``group_step`` uses three: C (tile 0) = A (tile 1, 16 weight
-rows x G unsigned quants) . B (tile 2, G/4 rows of 16 tokens x 4 signed values: the qgemm tiles'
-own layout) as 16 x 16 int32 sums, one tdpbusd, stored to memory, then the fp32 scales applied
-with 16-lane vectors; ``unpack_*`` lay a weight row's blocks out as A's rows.
+(``config``) loaded per thread. ``tile_*`` uses two sets of three, so one group's tdpbusd
+overlaps the other's scales: C = A (16 weight rows x G unsigned quants) . B (G/4 rows of 16
+tokens x 4 signed values: the qgemm tiles' own layout) as 16 x 16 int32 sums, stored to memory,
+then the fp32 scales applied with 16-lane vectors; ``unpack_*`` lay a weight row's blocks out as
+A's rows.
 
 Linux hands out the tile state only on request (kernels/_isa.py's ``amx_int8`` asks, once per
 process); without it a tile instruction faults.

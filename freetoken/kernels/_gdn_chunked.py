@@ -11,8 +11,8 @@ the chunked form does ~1.4x their multiply-adds at ~1.4x their throughput.
 """
 import numpy as np
 
-from freetoken.kernels._gdn_cpu import F32, GATE, LOG_FLOOR, log_gate, normalise
-from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels._gdn_cpu import F32, LOG_FLOOR, log_gate, normalise
+from freetoken.kernels._numba import HOT, SERIAL, SERIAL_NAN_SAFE, njit, prange
 
 # A chunk's decays reach exp(-1000) and below; products with them go subnormal (~100x slower on
 # x86, see _gdn_cpu.LOG_FLOOR): random gates made this form 3-5x slower. Decays below LOG_FLOOR
@@ -58,9 +58,9 @@ def load(q, k, a, b, A_log, dt_bias, h, t0, c, qn, kn, g, beta):
         g[i], beta[i] = log_gate(a[t0 + i, h], b[t0 + i, h], A_log[h], dt_bias[h])
 
 
-@njit(**GATE)
+@njit(**SERIAL_NAN_SAFE)
 def flushed_exp(x):
-    """exp(x), 0 at or below LOG_FLOOR (see there); NaN stays NaN (see GATE)."""
+    """exp(x), 0 at or below LOG_FLOOR (see there); NaN stays NaN (_gdn_cpu.gate's comment)."""
     return F32(0.0) if x <= LOG_FLOOR else F32(np.exp(x))
 
 

@@ -20,10 +20,9 @@ LOG_FLOOR = F32(-40.0)
 # "Non-finite inputs"): their flush tests g <= LOG_FLOOR, false for NaN, so a NaN gate gives a
 # NaN decay, not 0 (a decay of 0 wiped the state and hid the NaN); and they compile
 # SERIAL_NAN_SAFE, under which LLVM may not assume that no NaN reaches a comparison.
-GATE = SERIAL_NAN_SAFE
 
 
-@njit(**GATE)
+@njit(**SERIAL_NAN_SAFE)
 def log_gate(a, b, A_log, dt_bias):
     """(g, beta) of one token and value head, as gdn_rule.gates."""
     x = a + dt_bias
@@ -31,7 +30,7 @@ def log_gate(a, b, A_log, dt_bias):
     return F32(-np.exp(A_log) * soft), F32(1.0) / (F32(1.0) + F32(np.exp(-b)))
 
 
-@njit(**GATE)
+@njit(**SERIAL_NAN_SAFE)
 def gate(a, b, A_log, dt_bias):
     """(alpha = exp(g), flushed to 0 at or below LOG_FLOOR, NaN for a NaN g; beta)."""
     g, beta = log_gate(a, b, A_log, dt_bias)

@@ -38,11 +38,9 @@ PARALLEL_MIN = 1 << 18  # R*D from which the parallel driver runs (64 tokens of 
 # error_model "numpy" (division by zero unchecked) lets the silu loop vectorize; NaN-safe math:
 # with all of fastmath 1 / sqrt(inf) came out NaN (arcp + afn + ninf), so a row holding an inf
 # or an overflowing square was all NaN instead of ref's zeros, and silu(+inf) was NaN
-PARALLEL = HOT_NAN_SAFE
-SERIAL_NP = SERIAL_NAN_SAFE
 
 
-@njit(**SERIAL_NP)
+@njit(**SERIAL_NAN_SAFE)
 def _rows(x, z, w, eps, out, r0, r1):
     D = x.shape[1]
     for r in range(r0, r1):
@@ -56,7 +54,7 @@ def _rows(x, z, w, eps, out, r0, r1):
 
 # a decode step (R = 4*32 rows, ~6 us) runs serially: a parallel region costs about as much and,
 # on a loaded machine, waits milliseconds for a descheduled worker; a prefill runs in parallel
-@njit(**PARALLEL)
+@njit(**HOT_NAN_SAFE)
 def _rows_parallel(x, z, w, eps, out):
     R = x.shape[0]
     for q in prange((R + ROWS - 1) // ROWS):

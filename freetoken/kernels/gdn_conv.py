@@ -54,9 +54,6 @@ def ref(x, weight, conv_states, seq_slots, seq_starts, out=None):
 # --- cpu: numba --------------------------------------------------------------------------------
 
 CHANNELS = 512  # channels per block: 16 parallel items at C = 8192; 2 KiB of state rows each
-# error_model "numpy": division by zero is not checked, so the silu loops vectorize
-PARALLEL = dict(HOT, error_model="numpy")
-SERIAL_NP = dict(SERIAL, error_model="numpy")
 
 
 @njit(**SERIAL)
@@ -76,7 +73,7 @@ def _check(slots, starts, N, T):
                 raise ValueError("gdn_conv: a state slot is named by two sequences")
 
 
-@njit(**SERIAL_NP)
+@njit(**SERIAL)
 def _conv_seq(x, wt, st, s, n, out, c0, acc):
     """One sequence's tokens over channels c0:c0+m (m = acc's length), then its state row's
     update there. Window rows come whole from the state or from x, so no channel loop
@@ -100,7 +97,7 @@ def _conv_seq(x, wt, st, s, n, out, c0, acc):
         st[r, c0:c0 + m] = st[r + n, c0:c0 + m] if p < 0 else x[s + p, c0:c0 + m]
 
 
-@njit(**SERIAL_NP)
+@njit(**SERIAL)
 def _channel_block(x, w, states, slots, starts, out, c0):
     """Every sequence over channels c0:c0+CHANNELS. The weights are widened into [K, m] first,
     j outer, so the channel loops read contiguous fp32: widening weight[c, j] at stride K
@@ -122,13 +119,13 @@ def _channel_block(x, w, states, slots, starts, out, c0):
 PARALLEL_MIN = 1 << 18  # T*C from which the parallel driver runs: 32 tokens at C = 8192
 
 
-@njit(**SERIAL_NP)
+@njit(**SERIAL)
 def _gdn_conv_serial(x, w, states, slots, starts, out):
     for q in range((w.shape[0] + CHANNELS - 1) // CHANNELS):
         _channel_block(x, w, states, slots, starts, out, q * CHANNELS)
 
 
-@njit(**PARALLEL)
+@njit(**HOT)
 def _gdn_conv_parallel(x, w, states, slots, starts, out):
     for q in prange((w.shape[0] + CHANNELS - 1) // CHANNELS):
         _channel_block(x, w, states, slots, starts, out, q * CHANNELS)

@@ -45,17 +45,23 @@ def variants(source: str) -> list[tuple[str, ...]]:
     return [()]
 
 
+def jobs(archs=ARCHS) -> list[tuple]:
+    """(path, arch, defines) of every compile: each cuda/*.cu and variant, for each arch."""
+    from freetoken.kernels import _cuda
+    return [(path, arch, defines) for path in sorted(cuda_dir().glob("*.cu"))
+            for defines in variants(_cuda.read_source(path)) for arch in archs]
+
+
 def measure() -> dict[str, dict]:
     """The table, compiled now: {entry: {file, registers: {arch: n}, static_smem, stack, spills}},
     each the most over the source's variants (and, for all but registers, over the archs)."""
     from concurrent.futures import ThreadPoolExecutor
-    from freetoken.kernels import _cuda, _nvrtc
-    jobs = [(path, arch, defines) for path in sorted(cuda_dir().glob("*.cu"))
-            for defines in variants(_cuda.read_source(path)) for arch in ARCHS]
+    from freetoken.kernels import _nvrtc
+    todo = jobs()
     with ThreadPoolExecutor(os.cpu_count()) as pool:       # NVRTC runs outside the GIL
-        logs = list(pool.map(lambda job: _nvrtc.ptxas_log(*job), jobs))
+        logs = list(pool.map(lambda job: _nvrtc.ptxas_log(*job), todo))
     table: dict[str, dict] = {}
-    for (path, arch, _), log in zip(jobs, logs):
+    for (path, arch, _), log in zip(todo, logs):
         for entry, got in parse(log).items():
             row = table.setdefault(entry, {"file": path.name, "registers": {},
                                            "static_smem": 0, "stack": 0, "spills": 0})

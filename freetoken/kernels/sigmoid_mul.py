@@ -24,12 +24,9 @@ def ref(x, gate, out=None):
 
 ROWS = 16  # rows per parallel work item
 PARALLEL_MIN = 1 << 18  # R*D from which the parallel driver runs (64 tokens of 4096)
-# error_model "numpy": division by zero is not checked, so the sigmoid loop vectorizes
-PARALLEL = dict(HOT, error_model="numpy")
-SERIAL_NP = dict(SERIAL, error_model="numpy")
 
 
-@njit(**SERIAL_NP)
+@njit(**SERIAL)
 def _rows(x, gate, out, r0, r1):
     D = x.shape[1]
     for r in range(r0, r1):
@@ -44,7 +41,7 @@ def _rows(x, gate, out, r0, r1):
 
 # decode (a few rows, ~8 us) runs serially: a parallel region costs about as much and, on a
 # loaded machine, waits milliseconds for a descheduled worker; a prefill runs in parallel
-@njit(**PARALLEL)
+@njit(**HOT)
 def _rows_parallel(x, gate, out):
     R = x.shape[0]
     for q in prange((R + ROWS - 1) // ROWS):
