@@ -54,11 +54,18 @@ def json_grammar(schema: dict | None = None) -> str:
     return "start: %json " + json.dumps(schema, separators=(",", ":")) + "\n"
 
 
-def tool_call_grammar(tools: list[dict], parallel: bool = True) -> str:
+# free text that does not spell the call opener out of ordinary tokens (the opener itself is a
+# special token, which text never matches)
+_FREE_TEXT = "TEXT: /(.|\\n)+/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n"
+
+
+def tool_call_grammar(tools: list[dict], parallel: bool = True, free_text: bool = False) -> str:
     """Lark text for Qwen3's JSON tool-call form, one or more (``parallel``) of
     ``<tool_call>\\n{"name": <one of tools>, "arguments": <its parameters>}\\n</tool_call>``
     (the wrapper tokens are the special tokens). ``tools`` are OpenAI function tools
-    (``{"type": "function", "function": {"name", "parameters"?}}``)."""
+    (``{"type": "function", "function": {"name", "parameters"?}}``). ``free_text`` (tool_choice
+    auto): text first, then calls or none; the grammar only binds once the model opens a call, as
+    llama.cpp's and vLLM's triggered tool grammars do, so a call it starts is always well-formed."""
     options = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                  "arguments": t["function"].get("parameters") or {"type": "object"}},
                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
@@ -68,7 +75,8 @@ def tool_call_grammar(tools: list[dict], parallel: bool = True) -> str:
     # arguments it receives, and every other keyword is still enforced
     schema["x-guidance"] = {**COMPACT, "lenient": True}
     calls = 'call ("\\n" call)*' if parallel else "call"
-    return (f"start: {calls}\n"
+    start = "start: TEXT? calls?\n" + _FREE_TEXT if free_text else "start: calls\n"
+    return (f"{start}calls: {calls}\n"
             'call: <tool_call> "\\n" args "\\n" </tool_call>\n'
             "args: %json " + json.dumps(schema, separators=(",", ":")) + "\n")
 
@@ -79,6 +87,15 @@ def after_open_thought(grammar: str, close_token: str = "</think>") -> str:
     constraint thus does not cut reasoning models short. ``close_token`` must be a special token."""
     assert grammar.startswith("start:"), grammar[:40]
     return (f'start: /(.|\\n)*/ {close_token} "\\n\\n" answer\n'
+            + "answer:" + grammar[len("start:"):])
+
+
+def optional_thought(grammar: str, open_token: str = "<think>", close_token: str = "</think>") -> str:
+    """``grammar`` after an optional thought the model opens itself (``<think>`` free text
+    ``</think>``, the blank line): reasoning models that think unprompted are not cut short, and
+    the reasoning parser hands the thought on as reasoning. Both tokens must be special tokens."""
+    assert grammar.startswith("start:"), grammar[:40]
+    return (f'start: thought? answer\nthought: {open_token} /(.|\\n)*/ {close_token} "\\n\\n"\n'
             + "answer:" + grammar[len("start:"):])
 
 
@@ -96,6 +113,7 @@ class Grammars:
         self._failed: str | None = None      # why the tokenizer could not be built: not retried
         self._lock = threading.Lock()
         self._builder: threading.Thread | None = None
+        self._problems: dict[str, str | None] = {}    # grammar text -> why it does not compile
 
     @property
     def words(self) -> int:
@@ -137,6 +155,16 @@ class Grammars:
         if self._builder is not None:
             self._builder.join()
             self._builder = None
+
+    def problem(self, grammar: str) -> str | None:
+        """Why ``grammar`` does not compile here, or None. Remembered per text (the last 64):
+        agents send the same tools every turn, and Claude Code's 24 take about 5 ms to check."""
+        if grammar not in self._problems:
+            is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer())
+            if len(self._problems) >= 64:
+                self._problems.pop(next(iter(self._problems)))
+            self._problems[grammar] = "; ".join(messages) if is_error else None
+        return self._problems[grammar]
 
     def matcher(self, grammar: str) -> "Matcher":
         """A fresh matcher for Lark text; GrammarError when it does not compile."""

@@ -37,8 +37,11 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # -> 15,500 (2026-12-04): quantized prefill on AMX-INT8 tiles (~195), the stream-order fuzz, the
 # non-finite rules of attention, the norms and gdn; -> 15,550 (2026-12-04): the first-contact
 # fixes of the server (shortened max_tokens, the drain's /health, stamped log lines, error reasons,
-# refused tool results and media types, the --model advice)
-MAX_PACKAGE_LINES = 15_600
+# refused tool results and media types, the --model advice); -> 15,600 (2026-12-04): the drain's
+# exit code and the thread tuner's held lines; -> 15,650 (2026-12-04): tool_choice auto's
+# triggered grammar (a compile check remembered per tool set, the optional thought before any
+# grammar, dropped unparsable calls)
+MAX_PACKAGE_LINES = 15_650
 
 
 def _module_name(path: Path) -> str:

@@ -32,6 +32,9 @@ class ServerConfig:
                                         ("shorten", "refuse"))
     tool_call_parser: str = _flag("auto", "how tool calls are read from the output: qwen reads "
                                           "<tool_call> JSON and <function=...> XML", ("auto", "qwen", "none"))
+    tool_call_grammar: bool = _flag(True, "with tools given and tool_choice auto, a tool call the model opens "
+                                          "is held to the tools' names and parameter schemas from its "
+                                          "opening token on (free text before it stays free)")
     reasoning_parser: str = _flag("auto", "split <think>...</think> into reasoning_content / thinking "
                                           "blocks (auto: when the vocabulary has </think>)",
                                   ("auto", "think", "none"))

@@ -128,11 +128,28 @@ async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: d
     if check:
         params = check_prompt(state, ids, params, max_tokens_given)
     think_open = opens_think(text)
-    if params.grammar is not None and think_open and tokenizer.token_to_id(THINK_CLOSE) is not None:
-        from freetoken.grammar import after_open_thought
-        params = replace(params, grammar=after_open_thought(params.grammar, THINK_CLOSE))
+    params = _thought_first(params, tokenizer, think_open, state.parse_reasoning() and not closes_think(text))
     parse_tools = state.parse_tools() and conv.tools is not None and conv.choice != "none"
     return GenSpec(ids, params, conv.tools if parse_tools else None, state.parse_reasoning(), think_open)
+
+
+def _thought_first(params: SamplingParams, tokenizer, think_open: bool, may_think: bool) -> SamplingParams:
+    """A grammar behind the thought: the one the prompt opened, or (``may_think``: the reasoning
+    parser on, no thought closed in the prompt) one the model may open itself; the thought's free
+    text then reaches the client as reasoning."""
+    if params.grammar is None or tokenizer.token_to_id(THINK_CLOSE) is None:
+        return params
+    from freetoken.grammar import after_open_thought, optional_thought
+    if think_open:
+        return replace(params, grammar=after_open_thought(params.grammar, THINK_CLOSE))
+    if may_think and tokenizer.token_to_id(THINK_OPEN) is not None:
+        return replace(params, grammar=optional_thought(params.grammar, THINK_OPEN, THINK_CLOSE))
+    return params
+
+
+def closes_think(prompt: str) -> bool:
+    """Whether the generation prompt already holds a closed thought (thinking switched off)."""
+    return THINK_CLOSE in prompt[-64:]
 
 
 def opens_think(prompt: str) -> bool:

@@ -187,22 +187,43 @@ def json_format_grammar(kind: str, schema: dict | None) -> str | None:
 
 
 def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
-    """(grammar, field) for a conversation whose tool choice is `required` or a named tool: the
-    model's tool-call form (Qwen3's JSON one) over the tools shown (all, or the named one); a 400
-    naming the missing dependency where llguidance is not installed (as for json_schema). None
-    when the choice forces nothing (no tools, `auto`, `none`), and for Qwen3-Coder's XML form,
-    which has no grammar yet (a WARN line each time: not enforced)."""
-    if not conv.tools or conv.choice in ("auto", "none"):
+    """(grammar, field) for a conversation with tools: the model's tool-call form (Qwen3's JSON
+    one) over the tools shown (all, or the named one), forced for `required` or a named tool (a
+    400 naming the missing dependency where llguidance is not installed, as for json_schema), and
+    after free text for `auto` (a triggered grammar: a call the model opens is well-formed; off
+    with --no-tool-call-grammar or --tool-call-parser none, or where llguidance is missing). None for no tools, `none`, and
+    Qwen3-Coder's XML form, which has no grammar yet (a WARN line each time a choice is forced)."""
+    if not conv.tools or conv.choice == "none":
         return None, "tool_choice"
     from freetoken import grammar as g
+    auto = conv.choice == "auto"
+    if auto and not (state.parse_tools() and state.config.tool_call_grammar and g.available()):
+        return None, "tool_choice"
     if not g.available():
         raise APIError(400, f"tool_choice {conv.choice!r} needs constrained decoding, which is not "
                             f"installed: {g.INSTALL_HINT}", param="tool_choice")
     if "<function=" in (state.ready_engine().tokenizer.chat_template or ""):
-        logger.warning("tool_choice %r is not enforced: the model's XML tool-call form has no grammar",
-                       conv.choice)
+        if not auto:
+            logger.warning("tool_choice %r is not enforced: the model's XML tool-call form has no grammar",
+                           conv.choice)
         return None, "tool_choice"
-    return g.tool_call_grammar(conv.template_tools, parallel=parallel), "tool_choice"
+    grammar = g.tool_call_grammar(conv.template_tools, parallel=parallel, free_text=auto)
+    return (_auto_grammar(state, grammar) if auto else grammar), "tool_choice"
+
+
+def _auto_grammar(state, grammar: str) -> str | None:
+    """tool_choice auto's grammar, or None (a WARN line) where it does not compile: nothing was
+    forced, so the request runs free rather than failing."""
+    from freetoken import grammar as g
+    try:
+        problem = state.ready_engine().core.grammars.problem(grammar)
+    except g.GrammarUnavailable:          # llguidance cannot read this tokenizer: start-up said so
+        return None
+    if problem is not None:
+        logger.warning("tool_choice auto: this request's tool calls are not held to a grammar, the "
+                       "tools' schemas do not compile: %s", problem)
+        return None
+    return grammar
 
 
 def template_kwargs(body: Body, key: str = "chat_template_kwargs") -> dict:

@@ -4,7 +4,8 @@
     <tool_call><function=f><parameter=x>1</parameter></function></tool_call>
 
 Streaming-safe: content is released as it comes except a suffix that could still become the
-opening tag; a call is emitted when its closing tag arrives (or at the end, if it parses).
+opening tag; a call is emitted when its closing tag arrives (or at the end, if it parses). A
+block that does not parse is dropped with a WARN line: markup never reaches the client as text.
 XML parameter values are typed by the tool's JSON schema (strings stay strings).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from freetoken.log import logger
 from freetoken.server.reasoning import partial_tag
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -91,6 +93,11 @@ def _typed(value: str, schema: dict):
         return value
 
 
+def _excerpt(body: str, most: int = 120) -> str:
+    body = body.strip()
+    return repr(body if len(body) <= most else body[:most] + "...")
+
+
 class ToolCallParser:
     """feed(text) -> items (str content or ParsedCall); finish() flushes what is held back.
 
@@ -141,17 +148,17 @@ class ToolCallParser:
     def _close(self, body: str, out: list, truncated: bool = False) -> None:
         self.inside = False
         calls = parse_calls(body, self.schemas)
-        if calls is None:       # not a call after all: keep the model's text
-            self._text(OPEN + body + ("" if truncated else CLOSE), out)
+        if calls is None:       # no grammar held it, or the budget cut it: never markup as text
+            logger.warning("a tool call that does not parse was dropped%s: %s",
+                           " (the output ended inside it)" if truncated else "", _excerpt(body))
+            self.fresh = True
             return
         self.blank, self.fresh = "", True
         self.calls += len(calls)
         out.extend(calls)
 
     def _text(self, text: str, out: list) -> None:
-        text = self.blank + text
-        if self.fresh:
-            text = text.lstrip()
+        text = self.blank + (text.lstrip() if self.fresh else text)
         body = text.rstrip()
         self.blank = text[len(body):]
         if body:

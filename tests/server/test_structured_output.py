@@ -17,6 +17,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age", "kind"], "additionalProperties": False}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA, "strict": True}}
 ASK = [{"role": "user", "content": "Describe a pet as JSON."}]
+NO_THOUGHT = {"type": "disabled"}       # the demo model thinks first otherwise (allowed: see the reasoning test)
 
 
 def valid(text: str) -> bool:
@@ -51,12 +52,21 @@ def test_start_up_says_constrained_decoding_is_on_and_the_first_request_is_const
 def test_json_schema_is_enforced_and_the_control_is_not_json(oa):
     control = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0)
     assert not valid(control.choices[0].message.content)            # unconstrained: not the schema
-    for temperature, seed in ((0, None), (1.0, 1), (1.0, 2), (1.5, 3)):
+    for temperature, seed in ((0, None), (1.0, 1), (1.0, 2), (1.5, 3)):     # no thought: JSON at once
         r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=temperature,
-                                       seed=seed, response_format=FORMAT)
+                                       seed=seed, response_format=FORMAT, reasoning_effort="none")
         text = r.choices[0].message.content
         assert valid(text), (temperature, text)
         assert r.choices[0].finish_reason == "stop"                  # the grammar ended it
+
+
+def test_the_model_may_think_first_and_the_thought_comes_back_as_reasoning(oa):
+    """The demo model opens a thought itself: the grammar lets it (free text up to </think>, the
+    blank line) and binds from the answer on; the thought reaches the client as reasoning."""
+    r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=200, temperature=0, response_format=FORMAT)
+    message = r.choices[0].message
+    assert valid(message.content) and r.choices[0].finish_reason == "stop", message
+    assert "The user asked" in message.model_extra["reasoning_content"], message
 
 
 def test_json_object_and_streaming(oa):
@@ -194,11 +204,12 @@ def test_anthropic_output_config_format_is_enforced(an):
     assert not valid(control.content[0].text)                       # unconstrained: not the schema
     for seed in (None, 1, 2):
         extra = {} if seed is None else {"temperature": 1.0, "seed": seed}
-        r = an.messages.create(model=MODEL, max_tokens=60, messages=ASK, extra_body=extra,
+        r = an.messages.create(model=MODEL, max_tokens=60, messages=ASK, extra_body=extra, thinking=NO_THOUGHT,
                                output_config={"effort": "low", "format": {"type": "json_schema", "schema": SCHEMA}})
         assert [b.type for b in r.content] == ["text"] and valid(r.content[0].text), (seed, r.content)
         assert r.stop_reason == "end_turn"                          # the grammar ended it
     with an.messages.stream(model=MODEL, max_tokens=60, messages=ASK, extra_body={"temperature": 1.0, "seed": 4},
+                            thinking=NO_THOUGHT,
                             output_config={"format": {"type": "json_schema", "schema": SCHEMA}}) as stream:
         text = "".join(stream.text_stream)
     assert valid(text), text
@@ -216,9 +227,10 @@ def test_anthropic_messages_parse_and_the_beta_output_format(an):
         kind: Literal["cat", "dog"]
         indoor: bool
         legs: Literal[2, 3, 4]
-    parsed = an.messages.parse(model=MODEL, max_tokens=60, messages=ASK, output_format=Pet)
+    parsed = an.messages.parse(model=MODEL, max_tokens=60, messages=ASK, output_format=Pet, thinking=NO_THOUGHT)
     assert isinstance(parsed.parsed_output, Pet) and parsed.stop_reason == "end_turn", parsed.content
     r = an.beta.messages.create(model=MODEL, max_tokens=60, messages=ASK, betas=["structured-outputs-2025-11-13"],
+                                thinking=NO_THOUGHT,
                                 extra_body={"output_format": {"type": "json_schema", "schema": SCHEMA}})
     assert valid(r.content[0].text), r.content
 

@@ -80,14 +80,21 @@ def test_partial_tag_is_held_then_released():
     assert parser.feed("endar") == [" <tool_calendar"]
 
 
-def test_invalid_call_body_comes_back_as_text():
-    assert run("<tool_call>not json</tool_call> after") == ["<tool_call>not json</tool_call> after"]
-    assert run('<tool_call>{"arguments": {}}</tool_call>') == ['<tool_call>{"arguments": {}}</tool_call>']
+def test_a_call_that_does_not_parse_is_dropped_with_a_warning(caplog):
+    """Markup never reaches the client as text: the block goes, a WARN line says so."""
+    with caplog.at_level("WARNING", logger="freetoken"):
+        assert "".join(run("Sure. <tool_call>not json</tool_call>  after")) == "Sure. after"
+        assert run('<tool_call>{"arguments": {}}</tool_call>') == []
+    warned = [r.getMessage() for r in caplog.records if "does not parse" in r.getMessage()]
+    assert warned == ["a tool call that does not parse was dropped: 'not json'",
+                      "a tool call that does not parse was dropped: '{\"arguments\": {}}'"]
 
 
-def test_truncated_call_at_end():
+def test_truncated_call_at_end(caplog):
     assert [c.name for c in run('<tool_call>{"name": "f", "arguments": {"a": 1}}')] == ["f"]
-    assert run('<tool_call>{"name": "f", "argu') == ['<tool_call>{"name": "f", "argu']
+    with caplog.at_level("WARNING", logger="freetoken"):
+        assert "".join(run('Sure. <tool_call>{"name": "f", "argu')) == "Sure. "
+    assert "dropped (the output ended inside it)" in caplog.text
 
 
 def test_parse_calls_xml_without_closing_tags():
