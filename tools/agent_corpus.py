@@ -82,7 +82,12 @@ class Files:
         self.words = vocabulary(stdlib)
 
     def word(self) -> str:
-        return self.rng.choice(self.words) if self.rng.random() < 0.8 else self.rng.choice(WORDS)
+        """Mostly a word of the sources, some common ones, and one in ten letters and digits at
+        random: a string no vocabulary holds, which only copying gets right."""
+        roll = self.rng.random()
+        if roll < 0.1:
+            return "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(self.rng.randint(3, 10)))
+        return self.rng.choice(self.words) if roll < 0.8 else self.rng.choice(WORDS)
 
     def note(self) -> tuple[str, str]:
         name = self.rng.choice(["notes", "todo", "readme", "draft", "log", "plan", "ideas", self.word(), self.word()])
@@ -131,8 +136,11 @@ def random_cwd(rng: random.Random, files: "Files") -> str:
 
 
 def read_call(h: Harness, cwd: str, name: str) -> dict:
+    """The path as the user wrote it: Claude Code 2.1.197's Read resolves a relative one against
+    its working directory (tried through a scripted server), so no tool needs the directory
+    copied; the user's own words are the easier copy."""
     if h.name == "claude":
-        return _call("Read", {"file_path": f"{cwd}/{name}"})
+        return _call("Read", {"file_path": name})
     if h.name == "codex":
         return _call("exec_command", {"cmd": f"cat {name}"})
     return _call("read_file", {"path": name})
@@ -146,9 +154,20 @@ def shell_call(h: Harness, command: str) -> dict:
     return _call("run_command", {"command": command})
 
 
+def codex_output(output: str, rng: random.Random) -> str:
+    """A command's output as Codex CLI 0.171.0's exec_command returns it (captured:
+    tests/server/fixtures/harnesses/codex-2.json): a header, then the output."""
+    return (f"Chunk ID: {rng.randrange(16 ** 6):06x}\nWall time: {rng.random() / 10:.4f} seconds\n"
+            f"Process exited with code 0\nOriginal token count: {max(1, len(output) // 4)}\nOutput:\n{output}\n")
+
+
 def read_result(h: Harness, content: str, rng: random.Random | None = None) -> str:
     style = 0 if rng is None or rng.random() < 0.6 else rng.choice([1, 2])
-    return numbered(content, style) if h.name == "claude" else content
+    return numbered(content, style) if h.name == "claude" else shell_result(h, content, rng)
+
+
+def shell_result(h: Harness, output: str, rng: random.Random | None) -> str:
+    return codex_output(output, rng or random.Random(0)) if h.name == "codex" else output
 
 
 READ_ASKS = [("Read the file {f} and tell me the first word", lambda f, c: f"The first word is {first_word(c)}."),
@@ -161,8 +180,14 @@ READ_ASKS = [("Read the file {f} and tell me the first word", lambda f, c: f"The
                                                                        f"it has {len(c.splitlines())} lines.")]
 
 
+def maybe_absolute(name: str, cwd: str, rng: random.Random) -> str:
+    """Sometimes the user names the file by its absolute path (then that is what gets copied)."""
+    return f"{cwd}/{name}" if rng.random() < 0.15 else name
+
+
 def task_read(h, files, rng, cwd):
     name, content = files.any()
+    name = maybe_absolute(name, cwd, rng)
     ask, answer = rng.choice(READ_ASKS)
     call = read_call(h, cwd, name)
     return [ask.format(f=name)], [call], [read_result(h, content, rng)], answer(name, content)
@@ -175,14 +200,14 @@ def task_list(h, files, rng, cwd):
     call = _call("list_dir", {"path": "."}) if h.name == "generic" else shell_call(h, "ls")
     listing = "\n".join(names)
     answer = f"There {'is' if len(names) == 1 else 'are'} {len(names)} file{'s' * (len(names) != 1)}: {', '.join(names)}."
-    return [ask], [call], [listing], answer
+    return [ask], [call], [shell_result(h, listing, rng)], answer
 
 
 def task_count(h, files, rng, cwd):
     name, content = files.any()
     n = len(content.splitlines())
     ask = rng.choice(["How many lines does {f} have?", "Count the lines in {f}", "How long is {f}?"]).format(f=name)
-    return [ask], [shell_call(h, f"wc -l {name}")], [f"{n} {name}"], f"{name} has {n} lines."
+    return [ask], [shell_call(h, f"wc -l {name}")], [shell_result(h, f"{n} {name}", rng)], f"{name} has {n} lines."
 
 
 def task_write(h, files, rng, cwd):
@@ -190,10 +215,10 @@ def task_write(h, files, rng, cwd):
     words = " ".join(files.word() for _ in range(rng.randint(1, 5)))
     ask = rng.choice(["Create {f} containing {w}", "Write {w} to a new file {f}", "Make a file {f} that says {w}"])
     if h.name == "claude":
-        call, result = _call("Write", {"file_path": f"{cwd}/{name}", "content": words}), \
+        call, result = _call("Write", {"file_path": name, "content": words}), \
             f"File created successfully at: {cwd}/{name}"
     elif h.name == "codex":
-        call, result = _call("exec_command", {"cmd": f"printf '%s\\n' '{words}' > {name}"}), ""
+        call, result = _call("exec_command", {"cmd": f"printf '%s\\n' '{words}' > {name}"}), shell_result(h, "", rng)
     else:
         call, result = _call("write_file", {"path": name, "content": words}), "ok"
     return [ask.format(f=name, w=words)], [call], [result], f"Created {name} with the text: {words}"
@@ -203,11 +228,12 @@ def task_tests(h, files, rng, cwd):
     n = rng.randint(1, 40)
     ask = rng.choice(["Run the tests", "run the test suite", "Do the tests pass?"])
     result = f"{n} passed in {rng.randint(1, 90) / 10:.1f}s"
-    return [ask], [shell_call(h, "python -m pytest -q")], [result], f"All {n} tests passed."
+    return [ask], [shell_call(h, "python -m pytest -q")], [shell_result(h, result, rng)], f"All {n} tests passed."
 
 
 def task_two(h, files, rng, cwd):
     (a, ca), (b, cb) = files.any(), files.any()
+    a, b = maybe_absolute(a, cwd, rng), maybe_absolute(b, cwd, rng)
     ask = rng.choice(["Read {a} and {b} and tell me their first words", "What are the first words of {a} and {b}?"])
     calls = [read_call(h, cwd, a), read_call(h, cwd, b)]
     answer = f"{a} starts with {first_word(ca)} and {b} starts with {first_word(cb)}."
