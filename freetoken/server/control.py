@@ -39,7 +39,7 @@ async def metrics(request: Request) -> Response:
             snapshot = await engine.status(STATUS_TIMEOUT)
         except asyncio.TimeoutError:
             logger.warning("/metrics: the engine thread did not answer within %.0f s", STATUS_TIMEOUT)
-    text = state.metrics.render(engine.state, snapshot, engine.counters, engine.decode_tok_s)
+    text = state.metrics.render(engine.state, snapshot, engine.counters, engine.decode_tok_s, state.model)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

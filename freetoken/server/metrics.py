@@ -62,7 +62,8 @@ class Metrics:
                 self.itl.observe((seconds - ttft) / (completion - 1), completion - 1)
         self.duration.observe(seconds)
 
-    def render(self, engine_state: str, engine: dict | None, counters: dict, decode_tok_s: float) -> str:
+    def render(self, engine_state: str, engine: dict | None, counters: dict, decode_tok_s: float,
+               model: str = "") -> str:
         out: list[str] = []
         metric = _writer(out)
         metric("http_requests_total", "counter", "HTTP responses by route and status",
@@ -92,7 +93,19 @@ class Metrics:
                [({}, round(decode_tok_s, 3))])
         if engine is not None:
             _engine_metrics(metric, engine)
+            _gateway_metrics(_writer(out, ""), engine, model)
         return "\n".join(out) + "\n"
+
+
+def _gateway_metrics(metric, s: dict, model: str) -> None:
+    """The queue and KV gauges again under the names gateway schedulers read (llm-d's inference
+    scheduler, vLLM's names; ``perc`` is a fraction in [0, 1] there too), labelled by model."""
+    label = {"model_name": model}
+    metric("vllm:num_requests_waiting", "gauge", "requests waiting for admission", [(label, s["waiting"])])
+    metric("vllm:num_requests_running", "gauge", "requests admitted and running", [(label, s["running"])])
+    used = s["kv_slots"] - s["kv_free"]
+    metric("vllm:kv_cache_usage_perc", "gauge", "used KV slots / capacity (a fraction)",
+           [(label, round(used / s["kv_slots"], 6) if s["kv_slots"] else 0)])
 
 
 def _engine_metrics(metric, s: dict) -> None:
@@ -131,9 +144,9 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _writer(out: list[str]):
+def _writer(out: list[str], prefix: str = PREFIX):
     def metric(name: str, kind: str, help_text: str, samples) -> None:
-        full = PREFIX + name
+        full = prefix + name
         out.append(f"# HELP {full} {help_text}")
         out.append(f"# TYPE {full} {kind}")
         for sample in samples:

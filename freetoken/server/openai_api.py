@@ -25,7 +25,7 @@ from freetoken.server.state import new_id
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
                  "seed", "stop", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
                  "logprobs", "top_logprobs", "logit_bias", "user", "metadata", "store", "service_tier",
-                 "safety_identifier", "prompt_cache_key", "ignore_eos"}
+                 "safety_identifier", "prompt_cache_key", "ignore_eos", "priority"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
                                "response_format", "reasoning_effort", "chat_template_kwargs", "modalities",
                                "verbosity", "prompt_cache_options", "prompt_cache_retention", "moderation",
@@ -113,6 +113,7 @@ def _common(body: Body, state) -> None:
         body.str(key, None)
     body.obj("metadata", None)
     body.bool("store", None)
+    body.default_only("priority", (0,), fields.PRIORITY_REFUSED)
 
 
 def _response_format(body: Body) -> tuple[str | None, str]:

@@ -14,6 +14,11 @@ from freetoken.server.protocol import Body
 MAX_CHOICES = 16            # n: more would queue behind --max-running-requests anyway
 
 
+# vLLM's request priority: gateways (SMG) forward it as 0 on every request; no other value means
+# anything here, where requests are admitted in arrival order
+PRIORITY_REFUSED = "other than 0 is not supported: requests are admitted in arrival order"
+
+
 def with_penalties(body: Body, params: SamplingParams, vocab: int) -> SamplingParams:
     """presence/frequency_penalty in [-2, 2], repetition_penalty in (0, 10], logit_bias."""
     return _replace(params, presence_penalty=body.float("presence_penalty", 0.0, lo=-2.0, hi=2.0),

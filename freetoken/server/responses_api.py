@@ -23,6 +23,7 @@ from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
 from freetoken.server.logprobs import TokenText
 from freetoken.server.messages import Conversation, check_tool_results
+from freetoken.server.openai_fields import PRIORITY_REFUSED
 from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, template_kwargs,
                                        tool_choice_grammar)
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
@@ -39,11 +40,13 @@ REFUSED = {"background": ((False,), "is not supported: a response runs within it
            "prompt": ((), "(prompt templates) is not supported"),
            "truncation": (("disabled",), "other than 'disabled' is not supported: prompts are never truncated"),
            "image": ((), "is not supported"), "access_programs": ((), "is not supported"),
-           "background_options": ((), "is not supported"), "context_management": ((), "is not supported")}
+           "background_options": ((), "is not supported"), "context_management": ((), "is not supported"),
+           "priority": ((0,), PRIORITY_REFUSED)}     # vLLM's; gateways (SMG) send 0
 FIELDS = IGNORED_FIELDS | set(REFUSED) | {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
     "temperature", "top_p", "text", "reasoning", "store", "stream", "stream_options", "previous_response_id",
-    "top_logprobs", "top_k", "min_p", "seed", "ignore_eos", "chat_template_kwargs"}   # the last five: extensions
+    "top_logprobs", "top_k", "min_p", "seed", "ignore_eos", "chat_template_kwargs",   # the last six: extensions
+    "repetition_penalty"}
 # no-ops here: reasoning travels as plain reasoning_text content, and no hosted tool ever runs
 LOGPROBS = "message.output_text.logprobs"
 INCLUDE = {LOGPROBS, "reasoning.encrypted_content", "message.input_image.image_url", "computer_call_output.output.image_url",
@@ -109,7 +112,8 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     system = "\n\n".join(s for s in (instructions, note) if s)
     params = sampling(body, state.limits(), max_tokens=body.int("max_output_tokens", None, lo=1), stop=(),
                       temperature_max=2.0)
-    params = replace(params, logprobs=_logprobs(body))
+    params = replace(params, logprobs=_logprobs(body),
+                     repetition_penalty=body.float("repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True))
     what = f"text.format {text['format']['type']}"
     if grammar is None:
         grammar, what = tool_choice_grammar(state, Conversation([], tools, choice),

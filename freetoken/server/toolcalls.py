@@ -93,11 +93,6 @@ def _typed(value: str, schema: dict):
         return value
 
 
-def _excerpt(body: str, most: int = 120) -> str:
-    body = body.strip()
-    return repr(body if len(body) <= most else body[:most] + "...")
-
-
 class ToolCallParser:
     """feed(text) -> items (str content or ParsedCall); finish() flushes what is held back.
 
@@ -150,7 +145,7 @@ class ToolCallParser:
         calls = parse_calls(body, self.schemas)
         if calls is None:       # no grammar held it, or the budget cut it: never markup as text
             logger.warning("a tool call that does not parse was dropped%s: %s",
-                           " (the output ended inside it)" if truncated else "", _excerpt(body))
+                           " (the output ended inside it)" if truncated else "", repr(body.strip()[:120]))
             self.fresh = True
             return
         self.blank, self.fresh = "", True

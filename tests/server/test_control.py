@@ -96,6 +96,12 @@ def test_metrics(fake_server):
                  "freetoken_time_to_first_token_seconds_count", "freetoken_http_requests_total"]:
         assert f"\n{name}" in text, name
     assert 'freetoken_requests_total{route="/v1/chat/completions",finish_reason="stop"}' in text
+    # the names gateway schedulers (llm-d) read, with vLLM's model_name label and a [0, 1] fraction
+    gauges = {line.split("{")[0]: line for line in text.splitlines() if line.startswith("vllm:")}
+    assert set(gauges) == {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}
+    assert all(f'{{model_name="{MODEL}"}}' in line for line in gauges.values()), gauges
+    assert 0 <= float(gauges["vllm:kv_cache_usage_perc"].rsplit(" ", 1)[1]) <= 1
+    assert "# TYPE vllm:num_requests_waiting gauge" in text
     for line in text.splitlines():       # every sample line is "name{labels} number"
         if line and not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])
