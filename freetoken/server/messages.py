@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from freetoken.server.errors import APIError
 from freetoken.server.protocol import Body
+from freetoken.server.tool_schemas import checked_schema
 
 MAX_MESSAGES = 100_000
 MAX_TOOLS = 1024
@@ -159,7 +160,7 @@ def _function(f: Body, schema, schema_key: str) -> dict:
     if f.has("description"):
         fn["description"] = f.str("description")
     if schema is not None:
-        fn["parameters"] = Body(schema, f.param(schema_key)).data
+        fn["parameters"] = checked_schema(schema, f.param(schema_key))
     return fn
 
 

@@ -13,6 +13,7 @@ from freetoken.log import logger
 from freetoken.server.errors import APIError
 from freetoken.server.messages import MAX_MESSAGES, MAX_TOOLS, _arguments, _required, _text_parts, _unsupported
 from freetoken.server.protocol import Body
+from freetoken.server.tool_schemas import checked_schema
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_FIELDS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}   # part type -> its text
@@ -133,7 +134,7 @@ def function_tools(body: Body, rid: str) -> tuple[list[dict] | None, list[dict]]
         if tb.has("description"):
             fn["description"] = tb.str("description")
         if tb.has("parameters"):
-            fn["parameters"] = tb.obj("parameters").data
+            fn["parameters"] = checked_schema(tb.data["parameters"], tb.param("parameters"))
         chat.append({"type": "function", "function": fn})
         echo.append({"type": "function", "description": None, "parameters": None, **fn,
                      "strict": tb.bool("strict", None)})

@@ -109,6 +109,12 @@ CASES = {
     "tools not a list": (chat(tools={"type": "function"}), 400),
     "tool without name": (chat(tools=[{"type": "function", "function": {"parameters": {}}}]), 400),
     "tool of unknown type": (chat(tools=[{"type": "code_interpreter"}]), 400),
+    "tool parameters not a JSON Schema": (chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}}]), 400),
+    "tool parameters not an object": (chat(tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]), 400),
+    "anthropic input_schema not a JSON Schema": (msg(tools=[{"name": "f", "input_schema": {"required": "a"}}]), 400),
+    "responses tool parameters not a JSON Schema": (("POST", "/v1/responses", {"model": M, "input": "hi", "tools": [
+        {"type": "function", "name": "f", "parameters": {"type": 5}}]}), 400),
     "tool_choice names a missing tool": (chat(tool_choice={"type": "function", "function": {"name": "nope"}}), 400),
     "tool_choice bad string": (chat(tool_choice="sometimes"), 400),
     "template kwargs override messages": (chat(chat_template_kwargs={"messages": []}), 400),

@@ -47,3 +47,21 @@ def test_server_alive_and_nothing_leaked(http, server):
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     status = wait_idle(server.url)
     assert status["idle"] and status["kv"]["leaked"] == 0 and status["kv"]["free"] + status["kv"]["prefix_cached"] == status["kv"]["slots"]
+
+
+def test_a_tool_schema_that_is_not_one_is_named_through_the_sdks(server):
+    """The 400 says which field and where in the schema, as the official SDKs surface it."""
+    import anthropic
+    import openai
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    bad = {"type": "object", "properties": {"path": {"type": "strin"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                   tools=[{"type": "function", "function": {"name": "read", "parameters": bad}}])
+    error = e.value.body
+    assert error["param"] == "tools[0].function.parameters", error
+    assert "not a valid JSON Schema" in error["message"] and "properties.path.type" in error["message"], error
+    an = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError, match=r"tools\[0\]\.input_schema is not a valid JSON Schema"):
+        an.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+                           tools=[{"name": "read", "input_schema": bad}])

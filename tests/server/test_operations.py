@@ -143,7 +143,8 @@ def parse_prometheus(text: str) -> dict:
             assert name == current and kind in {"counter", "gauge", "histogram", "summary"}, line
             families[name] = (kind, [])
         else:
-            m = re.fullmatch(r'([a-z_]+)(?:\{((?:[a-z_]+="[^"]*",?)*)\})? (\S+)', line)
+            # Prometheus' metric-name grammar (colons included: the gateway gauges are vllm:...)
+            m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-z_]+="[^"]*",?)*)\})? (\S+)', line)
             assert m, line
             suffix = m[1][len(current):]
             assert m[1].startswith(current) and suffix in ("", "_bucket", "_sum", "_count"), line
