@@ -81,6 +81,39 @@ def tool_call_grammar(tools: list[dict], parallel: bool = True, free_text: bool 
             "args: %json " + json.dumps(schema, separators=(",", ":")) + "\n")
 
 
+def xml_tool_call_grammar(tools: list[dict], parallel: bool = True, free_text: bool = False) -> str:
+    """Lark text for Qwen3-Coder's XML tool-call form (also Qwen3.5's): ``<tool_call>\\n<function=NAME>\\n``,
+    then each parameter as ``<parameter=KEY>\\nVALUE\\n</parameter>\\n`` in the order of the
+    schema's properties (required ones present, no others), ``</function>\\n</tool_call>``. A
+    string value is free text up to ``\\n</parameter>``; any other is JSON of its schema.
+    ``parallel`` and ``free_text`` as for tool_call_grammar."""
+    rules, names = [], []
+    for i, t in enumerate(tools):
+        schema, opener = t["function"].get("parameters") or {}, "<function=%s>\n" % t["function"]["name"]
+        required, params = set(schema.get("required") or ()), []
+        for j, (key, prop) in enumerate((schema.get("properties") or {}).items()):
+            opens, (value, closes) = json.dumps("<parameter=%s>\n" % key), _xml_value(f"v{i}_{j}", prop)
+            rules += [f"p{i}_{j}: {opens} v{i}_{j} {closes}", value]
+            params.append(f"p{i}_{j}" + ("" if key in required else "?"))
+        rules.append(f'fn{i}: {json.dumps(opener)} {" ".join(params)} "</function>"')
+        names.append(f"fn{i}")
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    start = "start: TEXT? calls?\n" + _FREE_TEXT if free_text else "start: calls\n"
+    return (f"{start}calls: {calls}\n"
+            f'call: <tool_call> "\\n" ({" | ".join(names)}) "\\n" </tool_call>\n' + "\n".join(rules) + "\n")
+
+
+def _xml_value(rule: str, prop) -> tuple[str, str]:
+    """(the value's rule, what closes the parameter after it): a string runs up to the closing
+    tag, which its stop consumes; anything else is JSON, then the tag."""
+    prop = prop if isinstance(prop, dict) else {}
+    kinds = prop.get("type", "string")
+    if "string" in (kinds if isinstance(kinds, list) else [kinds]):
+        return f'{rule}[stop="\\n</parameter>"]: /(.|\\n)*/', '"\\n"'
+    schema = json.dumps({**prop, "x-guidance": {**COMPACT, "lenient": True}}, separators=(",", ":"))
+    return f"{rule}: %json {schema}", '"\\n</parameter>\\n"'
+
+
 def after_open_thought(grammar: str, close_token: str = "</think>") -> str:
     """``grammar`` (whose rule is ``start``) after a thought the prompt already opened: free text
     up to the ``</think>`` token, then the blank line Qwen3 writes, then the grammar; the

@@ -247,7 +247,11 @@ CHAT = [("say hi", "Hi! How can I help you today?"), ("hello", "Hello! What woul
 
 
 def conversation(rng: random.Random, files: Files, hs: list[Harness]) -> dict:
-    """{"messages", "tools"} of one conversation: 1-3 requests, most needing a tool."""
+    """{"messages", "tools"} of one conversation: 1-3 requests, most needing a tool; one in eight
+    is aider's (no tools: the files are in the chat, tools/aider_corpus.py)."""
+    if rng.random() < 0.125:
+        from aider_corpus import aider_conversation
+        return aider_conversation(rng, files)
     h, cwd = rng.choices(hs, [2, 1, 1])[0], random_cwd(rng, files)     # Claude Code's paths are the hardest
     msgs = [{"role": "system", "content": h.system.format(cwd=cwd)}]
     if h.name == "codex":

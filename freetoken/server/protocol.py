@@ -188,11 +188,11 @@ def json_format_grammar(kind: str, schema: dict | None) -> str | None:
 
 def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     """(grammar, field) for a conversation with tools: the model's tool-call form (Qwen3's JSON
-    one) over the tools shown (all, or the named one), forced for `required` or a named tool (a
-    400 naming the missing dependency where llguidance is not installed, as for json_schema), and
-    after free text for `auto` (a triggered grammar: a call the model opens is well-formed; off
-    with --no-tool-call-grammar or --tool-call-parser none, or where llguidance is missing). None for no tools, `none`, and
-    Qwen3-Coder's XML form, which has no grammar yet (a WARN line each time a choice is forced)."""
+    one, or Qwen3-Coder's XML one where the template writes it) over the tools shown (all, or the
+    named one), forced for `required` or a named tool (a 400 naming the missing dependency where
+    llguidance is not installed, as for json_schema), and after free text for `auto` (a triggered
+    grammar: a call the model opens is well-formed; off with --no-tool-call-grammar or
+    --tool-call-parser none, or where llguidance is missing). None for no tools and `none`."""
     if not conv.tools or conv.choice == "none":
         return None, "tool_choice"
     from freetoken import grammar as g
@@ -202,12 +202,9 @@ def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     if not g.available():
         raise APIError(400, f"tool_choice {conv.choice!r} needs constrained decoding, which is not "
                             f"installed: {g.INSTALL_HINT}", param="tool_choice")
-    if "<function=" in (state.ready_engine().tokenizer.chat_template or ""):
-        if not auto:
-            logger.warning("tool_choice %r is not enforced: the model's XML tool-call form has no grammar",
-                           conv.choice)
-        return None, "tool_choice"
-    grammar = g.tool_call_grammar(conv.template_tools, parallel=parallel, free_text=auto)
+    xml = "<function=" in (state.ready_engine().tokenizer.chat_template or "")     # Qwen3-Coder's form
+    form = g.xml_tool_call_grammar if xml else g.tool_call_grammar
+    grammar = form(conv.template_tools, parallel=parallel, free_text=auto)
     return (_auto_grammar(state, grammar) if auto else grammar), "tool_choice"
 
 

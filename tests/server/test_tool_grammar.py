@@ -134,3 +134,60 @@ def test_anthropic_auto_tool_use_is_well_formed_streamed(demo_server):
         called = any(b.type == "tool_use" for b in message.content)
         assert message.stop_reason in (("tool_use",) if called else ("end_turn", "max_tokens")), message
     assert uses >= len(SEEDS) // 2
+
+
+def test_the_xml_form_grammar_holds_names_order_types_and_round_trips():
+    """Qwen3-Coder's form: parameters in schema order, required present, JSON for non-strings;
+    what it accepts, the server's parser reads back as the same arguments."""
+    from freetoken.grammar import xml_tool_call_grammar
+    from freetoken.server.toolcalls import ToolCallParser
+    tok, grammars = demo_tokenizer_grammars()
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"},
+                                         "flags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["path"]}}}]
+
+    def accepts(text: str, free_text: bool = False) -> bool:
+        m = grammars.matcher(xml_tool_call_grammar(tools, free_text=free_text))
+        return all(m.consume(t) for t in tok.encode(text) + [tok.token_to_id("<|im_end|>")]) and m.stopped
+    call = ("<tool_call>\n<function=read>\n<parameter=path>\nsrc/a b.txt\nline two\n</parameter>\n"
+            "<parameter=limit>\n12\n</parameter>\n<parameter=flags>\n[\"x\", \"y\"]\n</parameter>\n</function>\n</tool_call>")
+    assert accepts(call) and accepts("Reading it.\n" + call, free_text=True) and accepts("No call.", free_text=True)
+    assert not accepts(call.replace("12", "twelve"))                                     # an integer
+    assert not accepts(call.replace("<function=read>", "<function=write>"))              # a tool not given
+    assert not accepts("<tool_call>\n<function=read>\n</function>\n</tool_call>")        # path is required
+    assert not accepts(call.replace("<parameter=limit>\n12\n</parameter>\n", "") + "x")  # nothing after
+    parser = ToolCallParser(tools)
+    (parsed,) = parser.feed(call) + parser.finish()
+    assert json.loads(parsed.arguments) == {"path": "src/a b.txt\nline two", "limit": 12, "flags": ["x", "y"]}
+
+
+@pytest.fixture(scope="module")
+def xml_server():
+    template = os.path.join(os.path.dirname(__file__), "fixtures", "templates", "xml_tool_calls.jinja")
+    proc = ServerProcess("--chat-template", template)
+    yield proc
+    assert proc.stop() == 0
+
+
+def test_a_template_of_the_xml_form_gets_its_grammar_through_the_sdk(xml_server):
+    """--chat-template writing Qwen3-Coder's form: a forced call comes out in that form (the demo
+    model was never taught it: the grammar writes it) and reaches the client as a tool call. The
+    named tool takes bounded integers: a string parameter would be free text the untaught model
+    runs on with to max_tokens."""
+    import openai
+    oa = openai.OpenAI(base_url=xml_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    small = {"type": "integer", "minimum": 0, "maximum": 99}
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": small, "b": small}, "required": ["a", "b"]}}}]
+    for seed in (1, 2, 3):
+        r = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASKS[1]}], tools=tools,
+                                       tool_choice={"type": "function", "function": {"name": "add"}},
+                                       parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=seed,
+                                       logprobs=True)
+        written = "".join(t.token for t in r.choices[0].logprobs.content)             # what the model wrote
+        assert "<function=add>" in written and "<parameter=a>" in written, written
+        (call,) = r.choices[0].message.tool_calls
+        args = json.loads(call.function.arguments)
+        assert r.choices[0].finish_reason == "tool_calls" and well_formed(call.function.name, args), call
+    assert not [line for line in xml_server.stderr_lines if "not enforced" in line or "does not parse" in line]
