@@ -170,13 +170,21 @@ def shell_result(h: Harness, output: str, rng: random.Random | None) -> str:
     return codex_output(output, rng or random.Random(0)) if h.name == "codex" else output
 
 
-READ_ASKS = [("Read the file {f} and tell me the first word", lambda f, c: f"The first word is {first_word(c)}."),
-             ("Read {f} and tell me the first word.", lambda f, c: f"The first word of {f} is {first_word(c)}."),
-             ("What is the first word in {f}?", lambda f, c: f"The first word is {first_word(c)}."),
+def quoted(text: str) -> str:
+    """Text copied from a tool result goes between backticks: after a backtick a word is split
+    into the same tokens as at the start of a result line ("1\\tcastle" and "`castle`" are both
+    ca|st|le, while " castle" is " c|ast|le"), so the answer repeats the result's tokens, which
+    a 4-layer model copies far more reliably (stage of 2026-12-04)."""
+    return f"`{text}`"
+
+
+READ_ASKS = [("Read the file {f} and tell me the first word", lambda f, c: f"The first word is {quoted(first_word(c))}."),
+             ("Read {f} and tell me the first word.", lambda f, c: f"The first word of {f} is {quoted(first_word(c))}."),
+             ("What is the first word in {f}?", lambda f, c: f"The first word is {quoted(first_word(c))}."),
              ("What does {f} say?", lambda f, c: f"{f} says:\n{c.splitlines()[0]}"),
              ("Show me {f}", lambda f, c: f"Here is the start of {f}:\n{c.splitlines()[0]}"),
-             ("What is the first line of {f}?", lambda f, c: f"The first line of {f} is: {c.splitlines()[0]}"),
-             ("Open {f} and summarize it in one line.", lambda f, c: f"{f} begins with {first_word(c)}; "
+             ("What is the first line of {f}?", lambda f, c: f"The first line of {f} is: {quoted(c.splitlines()[0])}"),
+             ("Open {f} and summarize it in one line.", lambda f, c: f"{f} begins with {quoted(first_word(c))}; "
                                                                        f"it has {len(c.splitlines())} lines.")]
 
 
@@ -199,7 +207,7 @@ def task_list(h, files, rng, cwd):
                       "What files are here?", "Which files are in the current directory?"])
     call = _call("list_dir", {"path": "."}) if h.name == "generic" else shell_call(h, "ls")
     listing = "\n".join(names)
-    answer = f"There {'is' if len(names) == 1 else 'are'} {len(names)} file{'s' * (len(names) != 1)}: {', '.join(names)}."
+    answer = f"There {'is' if len(names) == 1 else 'are'} {len(names)} file{'s' * (len(names) != 1)}: {', '.join(map(quoted, names))}."
     return [ask], [call], [shell_result(h, listing, rng)], answer
 
 
@@ -236,7 +244,7 @@ def task_two(h, files, rng, cwd):
     a, b = maybe_absolute(a, cwd, rng), maybe_absolute(b, cwd, rng)
     ask = rng.choice(["Read {a} and {b} and tell me their first words", "What are the first words of {a} and {b}?"])
     calls = [read_call(h, cwd, a), read_call(h, cwd, b)]
-    answer = f"{a} starts with {first_word(ca)} and {b} starts with {first_word(cb)}."
+    answer = f"{a} starts with {quoted(first_word(ca))} and {b} starts with {quoted(first_word(cb))}."
     return [ask.format(a=a, b=b)], calls, [read_result(h, ca, rng), read_result(h, cb, rng)], answer
 
 
