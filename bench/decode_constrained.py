@@ -1,5 +1,6 @@
-"""Decode tok/s on the demo model with and without a JSON-schema constraint (constrained decoding,
-freetoken/grammar.py); pairs: docs/performance.md "Constrained decoding".
+"""Decode tok/s on the demo model with and without a JSON-schema constraint, and under tool_choice
+auto's triggered grammar while the text stays free (constrained decoding, freetoken/grammar.py);
+pairs: docs/performance.md "Constrained decoding".
 
     python bench/decode_constrained.py [--tokens 128] [--batch 1,4] [--repeats 3]
         [--out bench/results/decode_constrained.json]
@@ -7,7 +8,8 @@ freetoken/grammar.py); pairs: docs/performance.md "Constrained decoding".
 Needs the grammar extra (pip install 'freetoken[grammar]'). Each row is `batch` identical-shape
 requests of `tokens` output tokens at temperature 1 (seeded): unconstrained with ignore_eos, and
 constrained to a schema whose one string field is long enough (minLength) that the grammar never
-ends before max_tokens, so both rows decode the same number of tokens. Decode tok/s =
+ends before max_tokens, and to the auto tool-call grammar of two tools with the call opener
+banned (logit_bias -100), so the text stays free: every row decodes the same number of tokens. Decode tok/s =
 batch * (tokens - 1) / (time of the whole run - time of a 1-token run), best of --repeats
 (the two kinds interleaved, so load on a shared machine hits both alike).
 """
@@ -28,6 +30,10 @@ SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLengt
                                            "body": {"type": "string", "minLength": 2000},
                                            "n": {"type": "integer"}},
           "required": ["title", "body", "n"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
+             "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+         {"type": "function", "function": {"name": "run", "parameters": {
+             "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
 
 def main() -> None:
@@ -38,14 +44,17 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/decode_constrained.json")
     args = ap.parse_args()
     from freetoken import LLM, SamplingParams, demo
-    from freetoken.grammar import json_grammar
+    from freetoken.grammar import json_grammar, tool_call_grammar
     llm = LLM(backend="cpu")
-    grammar = json_grammar(SCHEMA)
+    opener = llm.tokenizer.token_to_id("<tool_call>")
+    kinds = {"none": (None, ()), "json_schema": (json_grammar(SCHEMA), ()),
+             "tools_auto": (tool_call_grammar(TOOLS, free_text=True), ((opener, -100.0),))}
     prompt = "Write a JSON document:"
 
-    def run(batch, tokens, constrained):
-        params = [SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True,
-                                 grammar=grammar if constrained else None) for i in range(batch)]
+    def run(batch, tokens, kind):
+        grammar, bias = kinds[kind]
+        params = [SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True, grammar=grammar,
+                                 logit_bias=bias) for i in range(batch)]
         t0 = time.perf_counter()
         outs = [llm.core.add_request(llm.encode_prompt(prompt), p) for p in params]
         while any(r.finish_reason is None for r in outs):
@@ -57,17 +66,16 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
         best = {}
-        for constrained in (False, True):
-            run(batch, 4, constrained)                         # warm (grammar tokenizer, JIT)
-        for _ in range(args.repeats):                          # interleaved: load hits both alike
-            for constrained in (False, True):
-                full, first = run(batch, args.tokens, constrained), run(batch, 1, constrained)
-                best[constrained] = min(best.get(constrained, float("inf")), full - first)
-        for constrained in (False, True):
-            rate = batch * (args.tokens - 1) / best[constrained]
-            rows.append({"batch": batch, "constraint": "json_schema" if constrained else "none",
-                         "tokens": args.tokens, "decode_tok_s": round(rate, 1),
-                         "ms_per_step": round(1000 * best[constrained] / (args.tokens - 1), 3)})
+        for kind in kinds:
+            run(batch, 4, kind)                                # warm (grammar tokenizer, JIT)
+        for _ in range(args.repeats):                          # interleaved: load hits all alike
+            for kind in kinds:
+                full, first = run(batch, args.tokens, kind), run(batch, 1, kind)
+                best[kind] = min(best.get(kind, float("inf")), full - first)
+        for kind in kinds:
+            rate = batch * (args.tokens - 1) / best[kind]
+            rows.append({"batch": batch, "constraint": kind, "tokens": args.tokens, "decode_tok_s": round(rate, 1),
+                         "ms_per_step": round(1000 * best[kind] / (args.tokens - 1), 3)})
     base = {r["batch"]: r["decode_tok_s"] for r in rows if r["constraint"] == "none"}
     print("| batch | constraint | decode tok/s | ms / step | vs none |")
     print("|---|---|---|---|---|")
@@ -75,7 +83,7 @@ def main() -> None:
         print(f"| {r['batch']} | {r['constraint']} | {r['decode_tok_s']} | {r['ms_per_step']} | "
               f"{r['decode_tok_s'] / base[r['batch']]:.3f} |")
     result = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu_info()["model"],
-              "cores": os.cpu_count(), "model": f"{demo.DEMO_NAME} (demo)", "schema": SCHEMA, "rows": rows}
+              "cores": os.cpu_count(), "model": f"{demo.DEMO_NAME} (demo)", "schema": SCHEMA, "tools": TOOLS, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))

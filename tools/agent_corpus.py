@@ -248,7 +248,8 @@ def task_two(h, files, rng, cwd):
     return [ask.format(a=a, b=b)], calls, [read_result(h, ca, rng), read_result(h, cb, rng)], answer
 
 
-TASKS = [(task_read, 5), (task_list, 2), (task_count, 1), (task_write, 1), (task_tests, 1), (task_two, 1)]
+# reading weighs most: copying from a tool result is the skill a 4-layer model learns last
+TASKS = [(task_read, 8), (task_list, 2), (task_count, 1), (task_write, 1), (task_tests, 1), (task_two, 2)]
 CHAT = [("say hi", "Hi! How can I help you today?"), ("hello", "Hello! What would you like to work on?"),
         ("Who are you?", "I am a small coding assistant. I can read files and run commands with my tools."),
         ("thanks", "You're welcome!")]

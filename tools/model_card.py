@@ -34,9 +34,13 @@ def _stage1(model_dir: Path) -> list[str]:
         out = ["The run above is the last of several stages, each with the corpus of its day:", ""] + \
               [f"- {line}" for line in out] + [
               "", "Stage 1's corpus drew words and directories from a list of 40 words; stage 2's from 12,568 words "
-              "of the standard library (so that the model copies rather than recalls); the last one's renders "
+              "of the standard library (so that the model copies rather than recalls); stage 3's renders "
               "Claude Code's Read results as it really sends them (`N<tab>line`) and draws Claude Code's tool "
-              "list twice as often as the others (the current tools/agent_corpus.py).", ""]
+              "list twice as often as the others; stage 4's passes paths as the user wrote them (Claude Code "
+              "resolves a relative one), gives Codex's command output its captured header and makes one word "
+              "in ten random letters and digits; the last one's (the current tools/agent_corpus.py) answers "
+              "what it copies from a tool result between backticks, so that the answer repeats the result's "
+              "tokens, and adds aider's conversations (tools/aider_corpus.py).", ""]
     return out
 
 
