@@ -8,8 +8,9 @@ pairs: docs/performance.md "Constrained decoding".
 Needs the grammar extra (pip install 'freetoken[grammar]'). Each row is `batch` identical-shape
 requests of `tokens` output tokens at temperature 1 (seeded): unconstrained with ignore_eos, and
 constrained to a schema whose one string field is long enough (minLength) that the grammar never
-ends before max_tokens, and to the auto tool-call grammar of two tools with the call opener
-banned (logit_bias -100), so the text stays free: every row decodes the same number of tokens. Decode tok/s =
+ends before max_tokens, and to the auto tool-call grammar of two tools with the call opener and
+the end tokens banned (logit_bias -100), so the text stays free: every row decodes the same
+number of tokens. Decode tok/s =
 batch * (tokens - 1) / (time of the whole run - time of a 1-token run), best of --repeats
 (the two kinds interleaved, so load on a shared machine hits both alike).
 """
@@ -43,12 +44,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/decode_constrained.json")
     args = ap.parse_args()
-    from freetoken import LLM, SamplingParams, demo
+    from freetoken import LLM, SamplingParams
+    from freetoken.models import demo
     from freetoken.grammar import json_grammar, tool_call_grammar
     llm = LLM(backend="cpu")
-    opener = llm.tokenizer.token_to_id("<tool_call>")
+    # the opener and the end banned: free text may end anywhere, and the grammar ends the request
+    # at an end token even with ignore_eos
+    banned = tuple((t, -100.0) for t in sorted({llm.tokenizer.token_to_id("<tool_call>"), *llm.tokenizer.stop_token_ids}))
     kinds = {"none": (None, ()), "json_schema": (json_grammar(SCHEMA), ()),
-             "tools_auto": (tool_call_grammar(TOOLS, free_text=True), ((opener, -100.0),))}
+             "tools_auto": (tool_call_grammar(TOOLS, free_text=True), banned)}
     prompt = "Write a JSON document:"
 
     def run(batch, tokens, kind):

@@ -40,7 +40,8 @@ def _stage1(model_dir: Path) -> list[str]:
               "resolves a relative one), gives Codex's command output its captured header and makes one word "
               "in ten random letters and digits; the last one's (the current tools/agent_corpus.py) answers "
               "what it copies from a tool result between backticks, so that the answer repeats the result's "
-              "tokens, and adds aider's conversations (tools/aider_corpus.py).", ""]
+              "tokens, and adds aider's conversations (tools/aider_corpus.py); stage 5 and the last one ran on it, "
+              "the last with reading tasks weighted up.", ""]
     return out
 
 
@@ -113,11 +114,11 @@ def write_card(model_dir: Path, ev: dict) -> None:
              f"{_pct(ev['answers']['exact'])} of {ev['answers']['n']} cases.", "",
              "The held-out conversations come from the same generator as the training ones (other file names,",
              "contents, working directories and orderings; the same kinds of request). The model learned the",
-             "call formats and which tool a request needs; copying is its weak point: Claude Code's Read wants an",
-             "absolute path made of the working directory (the expected call, path copied right, in "
-             f"{_pct(ev['tool_calls']['by_harness']['claude']['exact'])} of Claude Code requests against "
-             f"{_pct(ev['tool_calls']['by_harness']['generic']['exact'])} of generic ones), and most wrong answers are "
-             "words copied wrongly from the tool result. Routing locality on held-out code, chats and agent sessions: "
+             "call formats and which tool a request needs (the expected call: "
+             f"{_pct(ev['tool_calls']['by_harness']['claude']['exact'])} of Claude Code requests, whose Read takes "
+             f"the path as the user wrote it, {_pct(ev['tool_calls']['by_harness']['generic']['exact'])} of generic "
+             "ones); copying is its weak point: most wrong answers are words copied wrongly from the tool result "
+             "(one held-out word in ten is random letters and digits). Routing locality on held-out code, chats and agent sessions: "
              "docs/performance.md and bench/traces/ (bench/record_traces.py `--model`).", "",
              "## Samples", ""]
     for smp in ev["answers"]["samples"]:

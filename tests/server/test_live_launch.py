@@ -31,6 +31,11 @@ ASK = "Read the file notes.txt and tell me the first word"
 # each in its own mkdtemp directory with its own first word, and must answer every one.
 TRIES = 5
 WORDS = ["banana", "orange", "river", "planet", "window", "garden", "silver", "rocket", "pencil", "castle"]
+# Every harness ran the right call every time on 2026-12-04 (tiny-agent-moe, stage 6), but the
+# model named 7 of these 10 words right (planet, window, rocket wrong): it copies common
+# words, not yet any word. Strict: once all TRIES pass, the marker must go.
+COPYING = pytest.mark.xfail(strict=True, reason="the built-in model copies 7 of 10 first words right "
+                                                 "(issue 26, item 1: >= 9 of 10 wanted)")
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +99,7 @@ def tries(tmp_path: Path, run_one) -> None:
     assert not wrong, f"{len(wrong)} of {TRIES} wrong; the first:\n{wrong[0]}"
 
 
+@COPYING
 def test_claude_code_reads_a_file_through_a_tool_call(claude, tmp_path):  # noqa: F811
     def run_one(work, env, word):
         run = launch("claude", claude, work, env, "-p", ASK, "--output-format", "stream-json", "--verbose")
@@ -111,6 +117,7 @@ def test_claude_code_reads_a_file_through_a_tool_call(claude, tmp_path):  # noqa
     tries(tmp_path, run_one)
 
 
+@COPYING
 def test_codex_runs_a_command_through_a_tool_call(codex, tmp_path):
     def run_one(work, env, word):
         subprocess.run(["git", "init", "-q", str(work)], check=True)
@@ -124,6 +131,7 @@ def test_codex_runs_a_command_through_a_tool_call(codex, tmp_path):
     tries(tmp_path, run_one)
 
 
+@COPYING
 def test_aider_answers_from_the_file_it_was_given(aider, tmp_path):
     """aider sends no tools: the file is in the chat; the answer must name its first word, once
     (one request: no reflection loop), with no tool-call markup."""

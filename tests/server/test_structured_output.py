@@ -61,12 +61,20 @@ def test_json_schema_is_enforced_and_the_control_is_not_json(oa):
 
 
 def test_the_model_may_think_first_and_the_thought_comes_back_as_reasoning(oa):
-    """The demo model opens a thought itself: the grammar lets it (free text up to </think>, the
-    blank line) and binds from the answer on; the thought reaches the client as reasoning."""
-    r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=200, temperature=0, response_format=FORMAT)
+    """A model that opens a thought itself (here made to by logit_bias on <think>, which the plain
+    JSON grammar would mask): the grammar lets it (free text up to </think>, the blank line) and
+    binds from the answer on; the thought's markup never reaches the content. What the thought may
+    hold: test_tool_grammar.py's grammar test."""
+    from freetoken.models.demo import packaged_demo_dir
+    from freetoken.tokenizer import Tokenizer
+    think = Tokenizer.from_dir(packaged_demo_dir()).token_to_id("<think>")
+    r = oa.chat.completions.create(model=MODEL, messages=ASK, max_tokens=200, temperature=0, response_format=FORMAT,
+                                   logit_bias={str(think): 100}, logprobs=True)
     message = r.choices[0].message
+    written = "".join(t.token for t in r.choices[0].logprobs.content)
+    assert written.startswith("<think>") and "</think>" in written, written          # it did think
     assert valid(message.content) and r.choices[0].finish_reason == "stop", message
-    assert "The user asked" in message.model_extra["reasoning_content"], message
+    assert "think>" not in message.content and isinstance(message.model_extra.get("reasoning_content", ""), str)
 
 
 def test_json_object_and_streaming(oa):
@@ -119,7 +127,9 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string", "maxLength": 30}},
                                                           "required": ["path"], "additionalProperties": False}}},
          {"type": "function", "function": {"name": "add", "description": "Add two integers.",
-                                           "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                           "parameters": {"type": "object", "properties": {   # bounded: hot digits run on
+                                               "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "b": {"type": "integer", "minimum": 0, "maximum": 99}},
                                                           "required": ["a", "b"], "additionalProperties": False}}}]
 
 
@@ -130,7 +140,8 @@ def test_tool_choice_required_and_named_are_enforced(oa, choice):
     assert not control.choices[0].message.tool_calls                 # "none" holds (the demo model calls tools)
     for seed in (1, 2):
         r = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=400,
-                                       temperature=1.0, seed=seed, parallel_tool_calls=False)
+                                       temperature=1.0, seed=seed, parallel_tool_calls=False,
+                                       reasoning_effort="none")       # sampled hot, a thought may run on
         calls = r.choices[0].message.tool_calls
         assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r.choices[0]
         args = json.loads(calls[0].function.arguments)
@@ -185,7 +196,8 @@ def test_anthropic_tool_choice_any_and_tool_are_enforced(server):
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
     tools[1]["input_schema"] = {**tools[1]["input_schema"], "properties": {"a": small, "b": small}}
     for choice in ({"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "add", "disable_parallel_tool_use": True}):
-        r = an.messages.create(model=MODEL, max_tokens=120, messages=ASK, tools=tools, tool_choice=choice)
+        r = an.messages.create(model=MODEL, max_tokens=120, messages=ASK, tools=tools, tool_choice=choice,
+                               thinking=NO_THOUGHT)
         uses = [b for b in r.content if b.type == "tool_use"]
         assert r.stop_reason == "tool_use" and len(uses) == 1, r.content
         assert uses[0].name in ("read_file", "add") and isinstance(uses[0].input, dict)
