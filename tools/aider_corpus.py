@@ -5,6 +5,7 @@ format). The answer is written straight from the listing: a question gets the an
 gets the file listing aider applies."""
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -13,6 +14,7 @@ from agent_corpus import CAPTURES, READ_ASKS
 ADDED = "I have *added these files to the chat* so you can go ahead and edit them."
 
 
+@functools.lru_cache(maxsize=1)
 def _captured() -> tuple[list[dict], str, str]:
     """(messages before the files-added one, that message's head, the reminder after a request)."""
     messages = json.loads((CAPTURES / "aider-2.json").read_text())["body"]["messages"]

@@ -103,9 +103,7 @@ def _gateway_metrics(metric, s: dict, model: str) -> None:
     label = {"model_name": model}
     metric("vllm:num_requests_waiting", "gauge", "requests waiting for admission", [(label, s["waiting"])])
     metric("vllm:num_requests_running", "gauge", "requests admitted and running", [(label, s["running"])])
-    used = s["kv_slots"] - s["kv_free"]
-    metric("vllm:kv_cache_usage_perc", "gauge", "used KV slots / capacity (a fraction)",
-           [(label, round(used / s["kv_slots"], 6) if s["kv_slots"] else 0)])
+    metric("vllm:kv_cache_usage_perc", "gauge", "used KV slots / capacity (a fraction)", [(label, _kv_used(s))])
 
 
 def _engine_metrics(metric, s: dict) -> None:
@@ -115,9 +113,7 @@ def _engine_metrics(metric, s: dict) -> None:
     metric("kv_slots_free", "gauge", "free KV slots", [({}, s["kv_free"])])
     metric("kv_slots_prefix_cached", "gauge", "KV slots held by the radix prefix cache",
            [({}, s["kv_prefix_cached"])])
-    used = s["kv_slots"] - s["kv_free"]
-    metric("kv_occupancy_ratio", "gauge", "used KV slots / capacity",
-           [({}, round(used / s["kv_slots"], 6) if s["kv_slots"] else 0)])
+    metric("kv_occupancy_ratio", "gauge", "used KV slots / capacity", [({}, _kv_used(s))])
     ck = s.get("checkpoints") or {}
     if ck:
         metric("state_checkpoints", "gauge", "recurrent-state checkpoints held (hybrid models)", [({}, ck["checkpoints"])])
@@ -138,6 +134,10 @@ def _engine_metrics(metric, s: dict) -> None:
             metric(f"moe_{name}", "gauge", f"MoE expert cache: {name.replace('_', ' ')}", [({}, value)])
         else:
             metric(f"moe_{name}_total", "counter", f"MoE expert cache: {name.replace('_', ' ')}", [({}, value)])
+
+
+def _kv_used(s: dict) -> float:
+    return round((s["kv_slots"] - s["kv_free"]) / s["kv_slots"], 6) if s["kv_slots"] else 0
 
 
 def _number(value) -> bool:

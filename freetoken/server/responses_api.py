@@ -17,13 +17,13 @@ from starlette.responses import JSONResponse, Response
 
 from freetoken.engine.request import MAX_TOP_LOGPROBS, SamplingParams
 from freetoken.log import logger
+from freetoken.server import openai_fields as fields
 from freetoken.server import sse
 from freetoken.server.body import read_json
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
 from freetoken.server.logprobs import TokenText
 from freetoken.server.messages import Conversation, check_tool_results
-from freetoken.server.openai_fields import PRIORITY_REFUSED
 from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, template_kwargs,
                                        tool_choice_grammar)
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
@@ -41,7 +41,7 @@ REFUSED = {"background": ((False,), "is not supported: a response runs within it
            "truncation": (("disabled",), "other than 'disabled' is not supported: prompts are never truncated"),
            "image": ((), "is not supported"), "access_programs": ((), "is not supported"),
            "background_options": ((), "is not supported"), "context_management": ((), "is not supported"),
-           "priority": ((0,), PRIORITY_REFUSED)}     # vLLM's; gateways (SMG) send 0
+           "priority": ((0,), fields.PRIORITY_REFUSED)}     # vLLM's; gateways (SMG) send 0
 FIELDS = IGNORED_FIELDS | set(REFUSED) | {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
     "temperature", "top_p", "text", "reasoning", "store", "stream", "stream_options", "previous_response_id",
@@ -112,8 +112,9 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     system = "\n\n".join(s for s in (instructions, note) if s)
     params = sampling(body, state.limits(), max_tokens=body.int("max_output_tokens", None, lo=1), stop=(),
                       temperature_max=2.0)
-    params = replace(params, logprobs=_logprobs(body),
-                     repetition_penalty=body.float("repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True))
+    # FIELDS lets only repetition_penalty of the chat penalties through; the others stay at their defaults
+    params = fields.with_penalties(body, replace(params, logprobs=_logprobs(body)),
+                                   state.ready_engine().tokenizer.vocab_size)
     what = f"text.format {text['format']['type']}"
     if grammar is None:
         grammar, what = tool_choice_grammar(state, Conversation([], tools, choice),

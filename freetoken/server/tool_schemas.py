@@ -4,12 +4,10 @@ schema that is not one is a 400 naming the field, as OpenAI and Anthropic answer
 tool the model is shown and a grammar that quietly ignores it."""
 from __future__ import annotations
 
+import functools
 import json
 
 from freetoken.server.errors import APIError
-
-_KNOWN_GOOD: dict[str, None] = {}     # canonical texts already checked: agents resend their tools each turn
-_REMEMBERED = 512                     # Claude Code's 24 schemas take about 25 ms to check, a lookup 1 ms
 
 
 def checked_schema(schema, param: str) -> dict:
@@ -17,18 +15,21 @@ def checked_schema(schema, param: str) -> dict:
     2020-12), else APIError(400) saying where it breaks."""
     if not isinstance(schema, dict):
         raise APIError(400, f"{param} must be a JSON Schema object", param=param)
-    key = json.dumps(schema, sort_keys=True)
-    if key in _KNOWN_GOOD:
-        return schema
+    problem = _problem(json.dumps(schema, sort_keys=True))
+    if problem is not None:
+        raise APIError(400, f"{param} is not a valid JSON Schema: {problem}", param=param)
+    return schema
+
+
+# remembered per canonical text: agents resend their tools each turn, and checking Claude Code's
+# 24 schemas takes about 25 ms here against 0.2 ms to serialise them (Xeon VM, 2026-12-04)
+@functools.lru_cache(maxsize=512)
+def _problem(text: str) -> str | None:
     from jsonschema import exceptions, validators
-    validator = validators.validator_for(schema, default=validators.Draft202012Validator)
+    schema = json.loads(text)
     try:
-        validator.check_schema(schema)
+        validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
     except exceptions.SchemaError as e:
         where = ".".join(str(p) for p in e.path)
-        raise APIError(400, f"{param} is not a valid JSON Schema: {e.message}"
-                            + (f" (at {where})" if where else ""), param=param) from None
-    if len(_KNOWN_GOOD) >= _REMEMBERED:
-        _KNOWN_GOOD.pop(next(iter(_KNOWN_GOOD)))
-    _KNOWN_GOOD[key] = None
-    return schema
+        return e.message + (f" (at {where})" if where else "")
+    return None

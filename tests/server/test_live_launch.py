@@ -1,7 +1,7 @@
 """Real round trips through `python -m freetoken launch` with the built-in model (slow: --slow).
 
 Each harness is asked "Read the file notes.txt and tell me the first word" in fresh random
-directories holding notes.txt (TRIES each) and must give the right word every time. Claude Code
+directories holding notes.txt (TRIES each) and must give the right word in 9 of 10. Claude Code
 (`launch claude -- -p ...`): the model calls Read, Claude Code runs it and sends the result back,
 the answer names the word. Codex CLI (`launch codex -- exec ...`): a command that prints the
 file, then the answer. aider (`launch aider -- --message ... notes.txt`): no tools; the answer
@@ -28,13 +28,14 @@ ASK = "Read the file notes.txt and tell me the first word"
 # Fresh random directories, as a user's: since the stage of 2026-12-04 the model passes the path
 # as the user wrote it (Claude Code 2.1.197's Read resolves a relative one against its working
 # directory), so the directory's name no longer has to be copied. Each harness gets TRIES runs,
-# each in its own mkdtemp directory with its own first word, and must answer every one.
-TRIES = 5
+# each in its own mkdtemp directory with its own first word, and must answer RIGHT_AT_LEAST.
 WORDS = ["banana", "orange", "river", "planet", "window", "garden", "silver", "rocket", "pencil", "castle"]
-# Every harness ran the right call every time on 2026-12-04 (tiny-agent-moe, stage 6), but the
-# model named 7 of these 10 words right (planet, window, rocket wrong): it copies common
-# words, not yet any word. Strict: once all TRIES pass, the marker must go.
-COPYING = pytest.mark.xfail(strict=True, reason="the built-in model copies 7 of 10 first words right "
+TRIES = len(WORDS)
+RIGHT_AT_LEAST = 9          # of TRIES: the issue's bar; a failure says how many were wrong
+# Every harness ran the right call on 2026-12-04 (tiny-agent-moe, stage 6), but the model named
+# 7 or 8 of these 10 words right (window and rocket wrong, often planet): it copies common
+# words, not yet any word. Strict: once RIGHT_AT_LEAST pass, the marker must go.
+COPYING = pytest.mark.xfail(strict=True, reason="the built-in model copies 7-8 of 10 first words right "
                                                  "(issue 26, item 1: >= 9 of 10 wanted)")
 
 
@@ -85,7 +86,7 @@ def names(word: str, answer: str) -> bool:
 
 
 def tries(tmp_path: Path, run_one) -> None:
-    """run_one(work, env, word) -> (right, transcript) in TRIES fresh directories; all must be right."""
+    """run_one(work, env, word) -> (right, transcript) in TRIES fresh directories; RIGHT_AT_LEAST must be right."""
     wrong = []
     for i in range(TRIES):
         word = WORDS[i % len(WORDS)]
@@ -95,8 +96,9 @@ def tries(tmp_path: Path, run_one) -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if not right:
-            wrong.append(transcript)
-    assert not wrong, f"{len(wrong)} of {TRIES} wrong; the first:\n{wrong[0]}"
+            wrong.append((word, transcript))
+    assert TRIES - len(wrong) >= RIGHT_AT_LEAST, \
+        f"{len(wrong)} of {TRIES} wrong ({', '.join(w for w, _ in wrong)}); the first:\n{wrong[0][1]}"
 
 
 @COPYING
