@@ -10,6 +10,7 @@
 //   q8_0 d 0, qs 2 (i8) | q2_k sc 0, qs 16, d 80, dmin 82 | q3_k qh 0, qs 32, sc 96, d 108
 //   q4_k d 0, dmin 2, sc 4, qs 16 | q5_k d 0, dmin 2, sc 4, qh 16, qs 48
 //   q6_k ql 0, qh 128, sc 192 (i8), d 208 | fp8_b128 scale 0 (f32), codes 4 (e4m3fn)
+//   mxfp4 e 0 (e8m0), qs 1 (e2m1: value j low nibble of qs[j], j + 16 its high nibble)
 #pragma once
 #include "common.cuh"
 
@@ -27,17 +28,20 @@ typedef unsigned char u8;
 #define Q5_K 8
 #define Q6_K 9
 #define FP8_B128 10
+#define MXFP4 11
 
 // X(name, code) for every format: the kernel entries are generated from this list.
 #define FOR_EACH_QFORMAT(X) \
   X(q4_0, Q4_0) X(q4_1, Q4_1) X(q5_0, Q5_0) X(q5_1, Q5_1) X(q8_0, Q8_0) X(q2_k, Q2_K) \
-  X(q3_k, Q3_K) X(q4_k, Q4_K) X(q5_k, Q5_K) X(q6_k, Q6_K) X(fp8_b128, FP8_B128)
+  X(q3_k, Q3_K) X(q4_k, Q4_K) X(q5_k, Q5_K) X(q6_k, Q6_K) X(fp8_b128, FP8_B128) X(mxfp4, MXFP4)
 
-template <int C> struct QV { static constexpr int v = C <= Q8_0 ? 32 : (C == FP8_B128 ? 128 : 256); };
+template <int C> struct QV {
+  static constexpr int v = (C <= Q8_0 || C == MXFP4) ? 32 : (C == FP8_B128 ? 128 : 256);
+};
 template <int C> struct QB {
   static constexpr int v = C == Q4_0 ? 18 : C == Q4_1 ? 20 : C == Q5_0 ? 22 : C == Q5_1 ? 24 :
                            C == Q8_0 ? 34 : C == Q2_K ? 84 : C == Q3_K ? 110 : C == Q4_K ? 144 :
-                           C == Q5_K ? 176 : C == Q6_K ? 210 : 132;
+                           C == Q5_K ? 176 : C == Q6_K ? 210 : C == MXFP4 ? 17 : 132;
 };
 
 // A quantized matrix or row of format C: its first byte. Rows are whole blocks, so K % V == 0.
@@ -115,6 +119,16 @@ __device__ __forceinline__ void block8(const u8* blk, int j, float (&v)[8]) {
       int q = (blk[qs + (sb >> 1) * 32 + l0 + i] >> (4 * (sb & 1))) & 15;
       if (C == Q5_K) q |= ((blk[16 + l0 + i] >> sb) & 1) << 4;
       v[i] = __fsub_rn(__fmul_rn(dl, (float)q), ml);
+    }
+  } else if (C == MXFP4) {  // doubled e2m1 codes times 2^(e - 128), built from its bits: exact
+    const u32 e = blk[0];
+    const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1u) << 23);
+    const int half = j >> 4, l0 = j & 15;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int q = (blk[1 + l0 + i] >> (4 * half)) & 15, m = q & 7;
+      const int k = m < 4 ? m : (m == 4 ? 4 : m == 5 ? 6 : m == 6 ? 8 : 12);
+      v[i] = __fmul_rn(d, (float)(q & 8 ? -k : k));
     }
   } else if (C == FP8_B128) {
     const float s = __uint_as_float(u32_at(blk));

@@ -81,6 +81,12 @@ def idot_q6_k(row, xq, xd, xs):
     return _spec_idot(row, xq, xd, "Q6_K")
 
 
+def idot_mxfp4(row, xq, xd, xs):
+    """dot of an mxfp4 row (kernels/qmxfp4.py) with the rounded x: per block, 2**(e - 128) * xd *
+    (the exact integer sum of the doubled e2m1 values times xq)."""
+    return _spec_idot(row, xq, xd, "MXFP4")
+
+
 def _spec_itile(row, xt, xd, first, out, ggml_type):
     """The spec of the tile products: out[n] from tile first + n, each of its tokens (the rounded
     x: xt's bytes, token l at 4l .. 4l+3 of every 64, times its xd) dotted with the dequantized

@@ -19,6 +19,7 @@ from numba.extending import intrinsic, overload
 
 from freetoken.kernels import _simd
 from freetoken.kernels._isa import int8_dot_path
+from freetoken.kernels.qmxfp4 import KVALUES
 from freetoken.kernels._simd_ir import (F32, I8, I32, I64, _bytes, _contiguous, _fp16, _function,
                                         _k4_coefficients, _lanes, _load, _same, _splat)
 
@@ -70,6 +71,40 @@ def _q8_0(builder, ptrs, acc, path):
     u = builder.call(absolute, [w, ir.Constant(ir.IntType(1), 0)])
     s = builder.select(builder.icmp_signed("<", w, ir.Constant(I8x32, None)), builder.neg(x), x)
     scale = builder.fmul(_fp16(builder, block, 0), _load(builder, xd, 0, F32, 4))
+    return _fma(builder, _float(builder, idot(builder, u, s, ZERO8, path)), _splat(builder, scale, 8), acc)
+
+
+def _kvalues(builder, codes, path):
+    """The doubled e2m1 values (signed) of 32 codes 0..15: one vpshufb table lookup on the AVX2 and
+    VNNI paths; elsewhere from the bits (m = code & 7: m below 4, else (2 + (m & 1)) << (1 + ((m >> 1) & 1)),
+    negated when bit 3 is set)."""
+    if path in ("vnni", "avx2"):
+        pshufb = _function(builder, "llvm.x86.avx2.pshuf.b", I8x32, [I8x32, I8x32])
+        return builder.call(pshufb, [ir.Constant(I8x32, [int(v) for v in KVALUES] * 2), codes])
+    m = builder.and_(codes, _same(8, 32, 7))
+    odd = builder.add(_same(8, 32, 2), builder.and_(m, _same(8, 32, 1)))
+    big = builder.select(builder.icmp_unsigned(">", m, _same(8, 32, 5)), builder.shl(odd, _same(8, 32, 2)),
+                         builder.shl(odd, _same(8, 32, 1)))
+    k = builder.select(builder.icmp_unsigned("<", m, _same(8, 32, 4)), m, big)
+    return builder.select(builder.icmp_unsigned(">", codes, _same(8, 32, 7)), builder.neg(k), k)
+
+
+def _mxfp4(builder, ptrs, acc, path):
+    """acc <8 x float> + one mxfp4 block: 2**(e - 128) * xd * (k . xq), k the doubled e2m1 values
+    (_kvalues), their sign moved onto xq as _q8_0 moves q's; the scale built from e's bits."""
+    block, xq, xd, _ = ptrs
+    codes = _bytes(builder, block, 1, 16)
+    codes = _joined(builder, builder.and_(codes, _same(8, 16, 15)), builder.lshr(codes, _same(8, 16, 4)))
+    k = _kvalues(builder, codes, path)
+    absolute = _function(builder, "llvm.abs.v32i8", I8x32, [I8x32, ir.IntType(1)])
+    u = builder.call(absolute, [k, ir.Constant(ir.IntType(1), 0)])
+    x = _bytes(builder, xq, 0)
+    s = builder.select(builder.icmp_signed("<", k, ir.Constant(I8x32, None)), builder.neg(x), x)
+    e = builder.zext(_load(builder, block, 0, I8, 1), I32)
+    small = builder.shl(ir.Constant(I32, 0x00200000), e)
+    bits = builder.select(builder.icmp_unsigned("<", e, ir.Constant(I32, 2)), small,
+                          builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23)))
+    scale = builder.fmul(builder.bitcast(bits, F32), _load(builder, xd, 0, F32, 4))
     return _fma(builder, _float(builder, idot(builder, u, s, ZERO8, path)), _splat(builder, scale, 8), acc)
 
 
@@ -168,5 +203,6 @@ def _register_int_row(plain, shape, block_lanes):
 
 
 for _plain_dot, _shape, _block in ((_simd.idot_q8_0, (34, 32, 8), _q8_0), (_simd.idot_q4_k, (144, 256, 16), _q4_k),
-                                   (_simd.idot_q5_k, (176, 256, 16), _q5_k), (_simd.idot_q6_k, (210, 256, 16), _q6_k)):
+                                   (_simd.idot_q5_k, (176, 256, 16), _q5_k), (_simd.idot_q6_k, (210, 256, 16), _q6_k),
+                                   (_simd.idot_mxfp4, (17, 32, 8), _mxfp4)):
     _register_int_row(_plain_dot, _shape, _block)

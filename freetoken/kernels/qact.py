@@ -19,7 +19,7 @@ Shape legend: T rows (tokens), K values per row (a multiple of 32), K/32 the gro
 import numpy as np
 
 from freetoken.kernels._numba import SERIAL, njit, prange
-from freetoken.kernels._simd import idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0
+from freetoken.kernels._simd import idot_mxfp4, idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0
 from freetoken.kernels.qblocks import check_code, dot_row, values_of
 from freetoken.kernels.qformats import format_of, is_quantized
 
@@ -151,15 +151,17 @@ def idot_blocks(row, code, xq, xd, xs):
         return idot_q4_k(row, xq, xd, xs)
     if code == 8:
         return idot_q5_k(row, xq, xd, xs)
+    if code == 11:
+        return idot_mxfp4(row, xq, xd, xs)
     return idot_q6_k(row, xq, xd, xs)
 
 
 @njit(**SERIAL)
 def idot_row(row, code, xq, xd, xs):
     """qblocks.dot_row of the rounded x (xq i8[K], xd and xs f32[K/32], C-contiguous) for the
-    formats with int8 dots (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k)."""
+    formats with int8 dots (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k, mxfp4)."""
     check_code(code, row.shape[1])
-    if code != 4 and (code < 7 or code > 9):
+    if code != 4 and code != 11 and (code < 7 or code > 9):
         raise ValueError("no int8 dot for this quantized format")
     nb, v = row.shape[0], values_of(code)
     return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs.reshape(nb, v // 32))

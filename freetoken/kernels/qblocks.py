@@ -17,13 +17,15 @@ offsets (d, dmin, m: fp16 scales; qs: packed low bits; qh: high bits; sc: sub-bl
   q4_0 d 0, qs 2 | q4_1 d 0, m 2, qs 4 | q5_0 d 0, qh 2 (u32), qs 6 | q5_1 d 0, m 2, qh 4, qs 8
   q8_0 d 0, qs 2 (i8) | q2_k sc 0, qs 16, d 80, dmin 82 | q3_k qh 0, qs 32, sc 96, d 108
   q4_k d 0, dmin 2, sc 4, qs 16 | q5_k d 0, dmin 2, sc 4, qh 16, qs 48
-  q6_k qs 0 (low 4 bits), qh 128 (high 2), sc 192 (i8), d 208
+  q6_k qs 0 (low 4 bits), qh 128 (high 2), sc 192 (i8), d 208 | mxfp4 e 0 (e8m0), qs 1 (e2m1 nibbles;
+  kernels/qmxfp4.py)
 """
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
 from freetoken.kernels._simd import dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0
 from freetoken.kernels.qfp8 import dequant_fp8_row, dot_fp8_row
+from freetoken.kernels.qmxfp4 import dequant_mxfp4_row, dot_mxfp4_row
 
 # dequant_row reproduces gguf-py's float32 numpy arithmetic bit for bit, so it runs in gguf-py's
 # order of ops and without fastmath, which may fuse d*q + m into one fma or reassociate (d*sc)*q.
@@ -42,14 +44,14 @@ EXACT = dict(cache=True, nogil=True)
 def check_code(code, nbytes):
     """Raise unless ``code`` is a format whose blocks are ``nbytes`` long (the kernels read and
     write at offsets computed from ``code`` alone, unchecked)."""
-    if code < 0 or code > 10 or nbytes != (18, 20, 22, 24, 34, 84, 110, 144, 176, 210, 132)[code]:
+    if code < 0 or code > 11 or nbytes != (18, 20, 22, 24, 34, 84, 110, 144, 176, 210, 132, 17)[code]:
         raise ValueError("quantized format code does not match the block size")
 
 
 @njit(inline="always", **EXACT)
 def values_of(code):
     """Values per block of format ``code`` (qformats.FORMATS)."""
-    return 32 if code <= 4 else (128 if code == 10 else 256)
+    return 32 if code <= 4 or code == 11 else (128 if code == 10 else 256)
 
 
 @njit(inline="always", **EXACT)
@@ -185,6 +187,8 @@ def dequant_row(row, code, out):
         raise ValueError("dequant_row: out must hold NB*V values")
     if code == 10:
         dequant_fp8_row(row, out)
+    elif code == 11:
+        dequant_mxfp4_row(row, out)
     elif code <= 4:
         qs, qh, mn, off = ((2, -1, -1, 8), (4, -1, 2, 0), (6, 2, -1, 16), (8, 4, 2, 0),
                            (2, -1, -1, 0))[code]
@@ -332,6 +336,8 @@ def _dot_xv(row, code, xv):
     negative-index wraparound in the loop and vectorizes with gathers."""
     if code == 10:
         return dot_fp8_row(row, xv)
+    if code == 11:
+        return dot_mxfp4_row(row, xv)
     if code == 0:
         return _dot_q4_0(row, xv)
     if code == 1:

@@ -22,7 +22,7 @@ class QuantFormat:
     def int8_dots(self) -> bool:
         """Whether the CPU kernels have int8 row dots for it (kernels/qact.py, qact.idot_row):
         the formats of the usual GGUF files' big tensors."""
-        return self.name in ("q8_0", "q4_k", "q5_k", "q6_k")
+        return self.name in ("q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 
 
 FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, ggml, values, nbytes)
@@ -30,7 +30,8 @@ FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, g
                               ("q5_1", 7, 32, 24), ("q8_0", 8, 32, 34), ("q2_k", 10, 256, 84),
                               ("q3_k", 11, 256, 110), ("q4_k", 12, 256, 144),
                               ("q5_k", 13, 256, 176), ("q6_k", 14, 256, 210),
-                              ("fp8_b128", -1, 128, 132))))   # kernels/qfp8.py; not a GGML type
+                              ("fp8_b128", -1, 128, 132),     # kernels/qfp8.py; not a GGML type
+                              ("mxfp4", 39, 32, 17))))        # kernels/qmxfp4.py (gpt-oss's experts)
 _BY_BYTES = {f.nbytes: f for f in FORMATS}
 
 
@@ -107,6 +108,9 @@ def random_blocks(name: str, rows: tuple, values: int, rng) -> np.ndarray:
     if values % f.values:
         raise ValueError(f"{name}: rows of {values} values are not whole blocks of {f.values}")
     w = rng.integers(0, 256, tuple(rows) + (values // f.values, f.nbytes), dtype=np.uint8)
+    if name == "mxfp4":         # exponents 2**-12 .. 2**-5: values up to 6 * 2**-5
+        w[..., 0] = rng.integers(115, 123, w.shape[:-1], dtype=np.uint8)
+        return w
     if name == "fp8_b128":
         w[..., 4:] &= 0xFE
         w[..., :4] = (rng.random(w.shape[:-1]) * 0.02 + 0.001).astype(np.float32)[..., None].view(np.uint8)

@@ -2,8 +2,8 @@
 mapped): a split set given by its first part, the metadata as plain values, the tensors by name,
 and every failure as one GGUFError naming the file and what is wrong.
 
-Types FreeToken reads are SUPPORTED_TYPES (everything Q4_K_M, Q5_K_M, Q6_K, Q8_0 and the `UD-*`
-mixes hold); any other type is one error naming the tensor, its type and the supported list.
+Types FreeToken reads are SUPPORTED_TYPES (everything Q4_K_M, Q5_K_M, Q6_K, Q8_0, MXFP4_MOE and the
+`UD-*` mixes hold); any other type is one error naming the tensor, its type and the supported list.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from freetoken.config import ConfigError
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4")    # MXFP4: llama-quantize's MXFP4_MOE
 SPLIT = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 

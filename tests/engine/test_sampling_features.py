@@ -48,8 +48,12 @@ def test_prompt_logprobs_skip_the_prefix_cache_and_chunk(llm, monkeypatch):
     while req.finish_reason is None:
         llm.core.step()
     assert req.num_cached == 0 and len(req.prompt_logprobs) == len(ids)
+    # steps of 4 rows take the GEMVs' and the split attention's sums, the whole prompt the
+    # many-token paths': fp32 sums in other orders, which the trained demo model amplifies to
+    # 1.4e-3 on a Zen 4 (numba's znver4 code; 2e-4 held on a Xeon). A wrong position or row
+    # moves a logprob by far more.
     np.testing.assert_allclose([lp.logprob for lp in req.prompt_logprobs[1:]],
-                               [lp.logprob for lp in first.prompt_logprobs[1:]], atol=2e-4)
+                               [lp.logprob for lp in first.prompt_logprobs[1:]], atol=5e-3)
     assert all(lp.top == () for lp in req.prompt_logprobs[1:])
     assert_no_leak(llm)
 

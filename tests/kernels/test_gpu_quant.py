@@ -57,7 +57,7 @@ def test_linear_matches_ref(name, T):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["q4_k", "q8_0", "fp8_b128"])
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "fp8_b128", "mxfp4"])
 def test_linear_long_rows_and_unaligned_x(name):
     """K = 2048 takes the GEMV's unrolled loop more than once; an x 4 bytes off 16-byte alignment
     takes the quantized rows' scalar path."""
@@ -98,7 +98,7 @@ def _experts_case(gu, dn, T, k=3, E=6, H=256, I=256, seed=0):
 
 
 PAIRS = [("q8_0", "q8_0"), ("q4_k", "q6_k"), ("q5_k", "q5_k"), ("fp8_b128", "fp8_b128"),
-         ("q2_k", "q3_k"), ("q4_0", "q5_1"), ("q4_1", "q5_0")]
+         ("q2_k", "q3_k"), ("q4_0", "q5_1"), ("q4_1", "q5_0"), ("mxfp4", "mxfp4")]     # mxfp4: gpt-oss
 
 
 @pytest.mark.gpu

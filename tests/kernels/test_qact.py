@@ -159,3 +159,28 @@ def test_every_instruction_path_gives_the_same_integers(path):
         run(u, s, out)
         want = (u.astype(np.int32) * s.astype(np.int32)).reshape(8, 4).sum(axis=1)
         np.testing.assert_array_equal(out, want + [5, -7, 0, 1, 2, 3, 4, 1 << 20])
+
+
+@pytest.mark.parametrize("path", _paths_here())
+def test_every_instruction_path_gives_the_mxfp4_values(path):
+    """The doubled e2m1 values of all 16 codes (twice, in both halves of the vector), as each path
+    looks them up (vpshufb, or from the bits), against kernels/qmxfp4.py's table."""
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    from freetoken.kernels import _simd_int8, qmxfp4
+    I8x32 = _simd_int8.I8x32
+
+    @intrinsic
+    def values(typingctx, codes, out):
+        def codegen(context, builder, sig, args):
+            ca, oa = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args))
+            got = _simd_int8._kvalues(builder, builder.load(builder.bitcast(ca.data, I8x32.as_pointer()), align=1), path)
+            builder.store(got, builder.bitcast(oa.data, I8x32.as_pointer()), align=1)
+            return context.get_dummy_value()
+        return types.none(codes, out), codegen
+
+    codes = np.concatenate([np.arange(16), np.arange(16)[::-1]]).astype(np.uint8)
+    out = np.zeros(32, np.int8)
+    njit(lambda c, o: values(c, o))(codes, out)
+    np.testing.assert_array_equal(out, qmxfp4.KVALUES[codes].astype(np.int8))

@@ -13,7 +13,8 @@ from tests.helpers import assert_close
 FORMATS = [f.name for f in qformats.FORMATS if f.ggml >= 0]     # GGUF's (FP8: tests/kernels/test_qfp8.py)
 FP16_AT = {  # byte offsets of each format's fp16 scale fields (d, and dmin or m where it has one)
     "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
-    "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+    "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
+    "mxfp4": ()}                                                # its scale: an e8m0 byte at 0
 SPECIAL_F16 = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x0400, 0x7BFF, 0xFBFF], np.uint16)
 
 
@@ -26,6 +27,8 @@ def blocks(rng, name, rows, nb):
         lo, hi = (-1, 1) if fmt.values == 32 else (0, 0.05)
         scale = rng.uniform(lo, hi, (rows, nb))
         w[..., at:at + 2] = scale.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    if name == "mxfp4":         # scales 2**-28 .. 2**6: no product overflows (every exponent: below)
+        w[..., 0] = rng.integers(100, 134, (rows, nb), dtype=np.uint8)
     return w
 
 
@@ -42,6 +45,17 @@ def assert_bits_equal(name, ref, out):
     bad = np.flatnonzero(ref.view(np.uint32) != out.view(np.uint32))
     assert bad.size == 0, (f"{name}: {bad.size} values differ in bits, first at {bad[0]}: "
                            f"ref {ref.flat[bad[0]]!r}, out {out.flat[bad[0]]!r}")
+
+
+def test_mxfp4_every_exponent_and_code_bit_exact():
+    """All 256 e8m0 exponents (subnormal scales at 0 and 1, infinities from 12 * 2**127) with
+    every code, as gguf-py dequantizes them; the CUDA loads: tests/kernels/test_gpu_quant.py."""
+    w = np.zeros((1, 256, 17), np.uint8)
+    w[0, :, 0] = np.arange(256)
+    w[0, :, 1:] = np.arange(16, dtype=np.uint8) * 17                 # codes c in both nibbles
+    with np.errstate(over="ignore"):
+        ref = qformats.dequantize_ref(w)
+    assert_bits_equal("mxfp4", ref, dequant_rows(w))
 
 
 def test_table_matches_gguf():

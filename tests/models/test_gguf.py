@@ -42,14 +42,15 @@ def logits_of(path: Path, exp, backend: str, **options):
 EXACT = {"f32": (gguf("f32"), HF / "fp32" / "expected.npz"),
          "q8_0": (gguf("q8_0"), GGUF / "qwen3moe_norm-q8_0.expected.npz"),
          "q4_k_m": (GGUF / "qwen3moe_256-q4_k_m.gguf", GGUF / "qwen3moe_256-q4_k_m.expected.npz"),
-         "q6_k": (GGUF / "qwen3moe_256-q6_k.gguf", GGUF / "qwen3moe_256-q6_k.expected.npz")}
+         "q6_k": (GGUF / "qwen3moe_256-q6_k.gguf", GGUF / "qwen3moe_256-q6_k.expected.npz"),
+         "mxfp4_moe": (GGUF / "qwen3moe_256-mxfp4_moe.gguf", GGUF / "qwen3moe_256-mxfp4_moe.expected.npz")}
 
 
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
 @pytest.mark.parametrize("kind", EXACT)
 def test_f32_and_quantized_files_match_transformers(kind, backend):
-    """F32, Q8_0 and llama-quantize's Q4_K_M and Q6_K (rows of 256) against transformers on the
-    same file: both dequantize with gguf-py and compute in fp32."""
+    """F32, Q8_0 and llama-quantize's Q4_K_M, Q6_K and MXFP4_MOE (rows of 256) against transformers
+    on the same file: both dequantize with gguf-py and compute in fp32."""
     path, expected = EXACT[kind]
     matches_transformers(path, np.load(expected), backend)
 
@@ -364,7 +365,7 @@ def served_name_after_two_sdk_answers(model: Path) -> str:
 MOE = {"fused": dict(moe_backend="fused"), "cpu": dict(moe_backend="cpu"),
        "offload": dict(moe_backend="offload", moe_cache_rate=0.5),
        "hybrid": dict(moe_backend="hybrid", moe_cache_rate=0.5, moe_fetch_fraction=0.3)}
-CUDA_CASES = [(kind, moe) for kind in ("q8_0", "q4_k_m", "q6_k") for moe in MOE]
+CUDA_CASES = [(kind, moe) for kind in ("q8_0", "q4_k_m", "q6_k", "mxfp4_moe") for moe in MOE]
 
 
 @pytest.mark.gpu
