@@ -15,6 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# what picks the kernels' instruction paths (kernels/_isa.py): the vector width, the int8 and bf16
+# dot products, the AMX tiles
+SIMD_FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
 def cpu_info() -> dict:
     """CPU model name and flags of interest from /proc/cpuinfo (platform.processor() elsewhere)."""
     fields: dict[str, str] = {}
@@ -27,7 +32,7 @@ def cpu_info() -> dict:
     flags = set(fields.get("flags", "").split())
     return {"model": fields.get("model name") or platform.processor() or "?",
             "family/model/stepping": "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
-            "simd": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]}
+            "simd": [f for f in SIMD_FLAGS if f in flags]}
 
 
 def git_commit(root: Path = ROOT) -> str:
