@@ -8,6 +8,7 @@ import pytest
 
 from freetoken.cli import main
 from freetoken.commands.kernel import compare, parse_dims
+from freetoken.kernels.qformats import format_named
 
 
 def test_module_entry_point_checks_rms_norm():
@@ -92,7 +93,7 @@ def test_quantized_weights_check_and_bench_name_the_dots(op, shape, dtype, dots,
     assert main(["kernel", op, "--check", "--bench", "--shape", shape, "--dtype", dtype, "--dots", dots,
                  "--iters", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    int8_format = dtype in ("q8_0", "q4_k", "q5_k", "q6_k") and op != "embedding"
+    int8_format = format_named(dtype).int8_dots and op != "embedding"
     assert (f"dtype {dtype}, {dots} dots: {op}.cpu" in out) == int8_format, out
     assert "PASS" in out and "FAIL" not in out and "int8 dots by " in out
 

@@ -44,6 +44,22 @@ def test_rows_bit_exact(name):
 
 
 @pytest.mark.gpu
+def test_mxfp4_rows_bit_exact_for_every_exponent_and_code():
+    """cuda/qblocks.cuh's mxfp4 loads over all 256 e8m0 exponents (subnormal scales at 0 and 1,
+    infinities from 12 * 2**127) with every code, as gguf-py dequantizes them (the numba rows:
+    tests/kernels/test_qblocks.py)."""
+    cp = load_cupy()
+    table = np.zeros((16, 16, 17), np.uint8)                              # 16 rows of 512 values
+    table[..., 0] = np.arange(256).reshape(16, 16)
+    table[..., 1:] = np.arange(16, dtype=np.uint8) * 17                  # codes c in both nibbles
+    out = cp.full((16, 512), 7.0, cp.float32)
+    embedding.gpu(cp.asarray(np.arange(16, dtype=np.int32)), cp.asarray(table), out)
+    with np.errstate(over="ignore"):
+        want = dequantize_ref(table)
+    assert np.array_equal(out.get().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 5, 70])
 @pytest.mark.parametrize("name", NAMES)
 def test_linear_matches_ref(name, T):

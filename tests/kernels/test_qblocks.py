@@ -49,7 +49,7 @@ def assert_bits_equal(name, ref, out):
 
 def test_mxfp4_every_exponent_and_code_bit_exact():
     """All 256 e8m0 exponents (subnormal scales at 0 and 1, infinities from 12 * 2**127) with
-    every code, as gguf-py dequantizes them; the CUDA loads: tests/kernels/test_gpu_quant.py."""
+    every code, as gguf-py dequantizes them; the CUDA loads alike: tests/kernels/test_gpu_quant.py."""
     w = np.zeros((1, 256, 17), np.uint8)
     w[0, :, 0] = np.arange(256)
     w[0, :, 1:] = np.arange(16, dtype=np.uint8) * 17                 # codes c in both nibbles
