@@ -96,7 +96,7 @@ def cutover_variants(rng, per_expert):
     ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
     plan = experts._plan(ids, rng.random((T, k)).astype(np.float32), E)
     out = np.empty((T, H), np.float32)
-    return {"GEMV": lambda: experts_quant.gemv(x, gu, dn, *plan[:3], np.empty((H, plan[2].shape[0]), np.float32), "int8"),
+    return {"GEMV": lambda: experts_quant.gemv(x, gu, dn, *plan, out, "int8"),
             "tile GEMM": lambda: experts_quant.gemm(x, gu, dn, *plan, out)}
 
 

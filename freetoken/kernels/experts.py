@@ -260,9 +260,7 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
     if plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0]):
         return _blas(x, gate_up, down, *plan, out, dots)
     if quantized:
-        y = quant.gemv(x, gate_up, down, *plan[:3], np.empty((H, plan[2].shape[0]), np.float32), dots)
-        _combine(y, plan[2], plan[3], out)
-        return out
+        return quant.gemv(x, gate_up, down, *plan, out, dots)
     return _gemv(x, gate_up, down, *plan, out)
 
 

@@ -19,6 +19,7 @@ pairs, V values per block, B block bytes.
 import numpy as np
 
 from freetoken.kernels._activations import silu
+from freetoken.kernels.experts import _combine
 from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels.qact import dot_token, prepared, quantize, wants_int8
@@ -76,16 +77,27 @@ def _down(act, dn, code, int8, uniq, offs, y):
                 y[h, p] = dot_token(row, code, aa, p, int8)
 
 
-def gemv(x, gate_up, down, uniq, offs, ptok, y, dots="f32"):
-    """Few tokens per expert: y f32[H,P] = each pair's expert output (unweighted) for experts._plan's
-    groups (uniq, offs, ptok); experts.py weights and adds them. dots: as qact.wants_int8."""
-    int8_gu, int8_dn = wants_int8(gate_up, dots), wants_int8(down, dots)
-    h = np.empty((ptok.shape[0], gate_up.shape[1]), np.float32)            # [P,2I]
-    _gate_up(x, gate_up, format_of(gate_up).code, int8_gu, uniq, offs, ptok, h)
-    act = np.empty((ptok.shape[0], gate_up.shape[1] // 2), np.float32)     # [P,I]
+@njit(**SERIAL)
+def _decode(x, gu, dn, codes, int8s, uniq, offs, ptok, pw, out):
+    """out f32[T,H] = each token's experts weighted and summed, in one call from Python (each
+    call and its arrays cost microseconds at decode, where a layer's experts take ~100):
+    gate_up's rows, the silu, down's rows (each parallel), then experts._combine."""
+    P = ptok.shape[0]
+    h = np.empty((P, gu.shape[1]), np.float32)                  # [P,2I]
+    _gate_up(x, gu, codes[0], int8s[0], uniq, offs, ptok, h)
+    act = np.empty((P, gu.shape[1] // 2), np.float32)           # [P,I]
     _swiglu(h, act)
-    _down(act, down, format_of(down).code, int8_dn, uniq, offs, y)
-    return y
+    y = np.empty((dn.shape[1], P), np.float32)                  # [H,P]
+    _down(act, dn, codes[1], int8s[1], uniq, offs, y)
+    _combine(y, ptok, pw, out)
+    return out
+
+
+def gemv(x, gate_up, down, uniq, offs, ptok, pw, out, dots="f32"):
+    """Few tokens per expert: out f32[T,H] = each token's experts weighted and summed, for
+    experts._plan's groups (uniq, offs, ptok, pw). dots: as qact.wants_int8."""
+    return _decode(x, gate_up, down, (format_of(gate_up).code, format_of(down).code),
+                   (wants_int8(gate_up, dots), wants_int8(down, dots)), uniq, offs, ptok, pw, out)
 
 
 def uses_gemm(gate_up, down, dots, plan) -> bool:

@@ -3,7 +3,7 @@ tests/kernels/test_kv_write.py."""
 import numpy as np
 
 from freetoken.kernels._bf16 import from_f32
-from freetoken.kernels._numba import HOT, narrow, njit, prange
+from freetoken.kernels._numba import HOT, SERIAL, narrow, njit, prange
 
 
 def ref(k, v, k_cache, v_cache, slots):
@@ -14,27 +14,56 @@ def ref(k, v, k_cache, v_cache, slots):
         cache[np.asarray(slots)] = from_f32(src) if cache.dtype == np.uint16 else src
 
 
+PARALLEL_MIN_T = 64   # tokens from which the copy runs on every core: below, a parallel launch
+                      # costs more than the copy (a decode step's 1-8 rows)
+
+
+@njit(inline="always", **SERIAL)
+def _first_bad_slot(slots, n_slots):
+    """The index of the first slot outside [0, n_slots), -1 when none is."""
+    for t in range(slots.shape[0]):
+        if slots[t] < 0 or slots[t] >= n_slots:
+            return t
+    return -1
+
+
+@njit(inline="always", **SERIAL)
+def _write_row(k, v, k_cache, v_cache, t, s):
+    for g in range(k.shape[1]):
+        for d in range(k.shape[2]):
+            k_cache[s, g, d] = narrow(k[t, g, d], k_cache)
+            v_cache[s, g, d] = narrow(v[t, g, d], v_cache)
+
+
+@njit(**SERIAL)
+def _write_few(k, v, k_cache, v_cache, slots):
+    """Every slot checked, then the rows written; returns the first bad slot's index or -1."""
+    bad = _first_bad_slot(slots, k_cache.shape[0])
+    if bad < 0:
+        for t in range(k.shape[0]):
+            _write_row(k, v, k_cache, v_cache, t, slots[t])
+    return bad
+
+
 @njit(**HOT)
 def _write(k, v, k_cache, v_cache, slots):
-    T, G, D = k.shape
-    for t in prange(T):
-        s = slots[t]
-        for g in range(G):
-            for d in range(D):
-                k_cache[s, g, d] = narrow(k[t, g, d], k_cache)
-                v_cache[s, g, d] = narrow(v[t, g, d], v_cache)
+    bad = _first_bad_slot(slots, k_cache.shape[0])
+    if bad < 0:
+        for t in prange(k.shape[0]):
+            _write_row(k, v, k_cache, v_cache, t, slots[t])
+    return bad
 
 
 def cpu(k, v, k_cache, v_cache, slots):
-    """Same contract as ``ref``; slots are bounds-checked here (the kernel does not check)."""
+    """Same contract as ``ref``; slots are bounds-checked (in the kernel, before any write)."""
     k = np.ascontiguousarray(k, np.float32)
     v = np.ascontiguousarray(v, np.float32)
     slots = np.ascontiguousarray(slots, np.int32)
-    N = k_cache.shape[0]
     assert k.shape == v.shape and k.shape[1:] == k_cache.shape[1:] == v_cache.shape[1:]
-    if slots.size and not (0 <= slots.min() and slots.max() < N):
-        raise IndexError(f"kv_write: slot out of range [0, {N})")
-    _write(k, v, k_cache, v_cache, slots)
+    write = _write if k.shape[0] >= PARALLEL_MIN_T else _write_few
+    bad = write(k, v, k_cache, v_cache, slots)
+    if bad >= 0:
+        raise IndexError(f"kv_write: slot {int(slots[bad])} out of range [0, {k_cache.shape[0]})")
 
 
 # --- gpu: cuda/kv_write.cu ---

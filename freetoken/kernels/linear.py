@@ -3,6 +3,7 @@ tests/kernels/test_linear.py, bench/kernels/experts_cpu.py (its linear rows)."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
+from freetoken.kernels import linear_quant
 from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
 from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
 from freetoken.kernels._blas_pool import run_items, workers
@@ -127,8 +128,7 @@ def widen_rows(w, buf):
 
 def _rows_f32(w, buf):
     if is_quantized(w):
-        from freetoken.kernels.linear_quant import dequant_rows
-        return dequant_rows(w, buf)
+        return linear_quant.dequant_rows(w, buf)
     return widen_rows(w, buf)
 
 
@@ -177,7 +177,6 @@ def cpu(x, w, out=None, *, dots="f32"):
     if out is None:
         out = np.empty((T, M), np.float32)
     if is_quantized(w):
-        from freetoken.kernels import linear_quant
         if T >= linear_quant.GEMM_MIN_T and linear_quant.uses_gemm(w, dots):
             return linear_quant.gemm(x, w, out)
         if T < BLAS_MIN_T:

@@ -6,7 +6,7 @@ float32(pos) * inv_freq[i] (an fp32 product). The contract has R = D; a shorter 
 """
 import numpy as np
 
-from freetoken.kernels._numba import HOT, njit, prange
+from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 
 
 def ref(x, positions, inv_freq, out=None):
@@ -25,24 +25,39 @@ def ref(x, positions, inv_freq, out=None):
     return out
 
 
+PARALLEL_MIN_T = 64   # tokens from which the rotation runs on every core: below, a parallel
+                      # launch costs more than the work (a decode step's q and k of 1-8 tokens)
+
+
+@njit(inline="always", **SERIAL)
+def _rope_token(x, positions, inv_freq, out, t):
+    nh, D = x.shape[1], x.shape[2]
+    half = inv_freq.shape[0]
+    pos = np.float32(positions[t])
+    for i in range(half):
+        a = pos * inv_freq[i]
+        c = np.cos(a)
+        s = np.sin(a)
+        for h in range(nh):
+            x1 = x[t, h, i]
+            x2 = x[t, h, i + half]
+            out[t, h, i] = x1 * c - x2 * s
+            out[t, h, i + half] = x2 * c + x1 * s
+    for h in range(nh):     # partial rotary tail; a loop, not a slice copy (nested parfor)
+        for i in range(2 * half, D):
+            out[t, h, i] = x[t, h, i]
+
+
 @njit(**HOT)
 def _rope(x, positions, inv_freq, out):
-    T, nh, D = x.shape
-    half = inv_freq.shape[0]
-    for t in prange(T):
-        pos = np.float32(positions[t])
-        for i in range(half):
-            a = pos * inv_freq[i]
-            c = np.cos(a)
-            s = np.sin(a)
-            for h in range(nh):
-                x1 = x[t, h, i]
-                x2 = x[t, h, i + half]
-                out[t, h, i] = x1 * c - x2 * s
-                out[t, h, i + half] = x2 * c + x1 * s
-        for h in range(nh):     # partial rotary tail; a loop, not a slice copy (nested parfor)
-            for i in range(2 * half, D):
-                out[t, h, i] = x[t, h, i]
+    for t in prange(x.shape[0]):
+        _rope_token(x, positions, inv_freq, out, t)
+
+
+@njit(**SERIAL)
+def _rope_few(x, positions, inv_freq, out):
+    for t in range(x.shape[0]):
+        _rope_token(x, positions, inv_freq, out, t)
 
 
 def cpu(x, positions, inv_freq, out=None):
@@ -51,8 +66,8 @@ def cpu(x, positions, inv_freq, out=None):
     assert x.ndim == 3 and 2 * inv_freq.shape[0] <= x.shape[2], (x.shape, inv_freq.shape)
     if out is None:
         out = np.empty_like(x)
-    _rope(x, np.ascontiguousarray(positions, np.int32),
-          np.ascontiguousarray(inv_freq, np.float32), out)
+    (_rope if x.shape[0] >= PARALLEL_MIN_T else _rope_few)(
+        x, np.ascontiguousarray(positions, np.int32), np.ascontiguousarray(inv_freq, np.float32), out)
     return out
 
 

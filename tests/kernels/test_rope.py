@@ -26,7 +26,7 @@ def test_ref_is_a_complex_rotation_of_half_pairs():
 
 
 @pytest.mark.parametrize("D", [32, 64, 128])
-@pytest.mark.parametrize("T", [1, 7, 33])
+@pytest.mark.parametrize("T", [1, 7, 33, rope.PARALLEL_MIN_T + 1])   # serial and parallel kernels
 def test_cpu_matches_ref(T, D):
     rng = np.random.default_rng(T * D)
     x = rng.standard_normal((T, 4, D)).astype(np.float32)
@@ -40,10 +40,11 @@ def test_cpu_matches_ref(T, D):
 
 def test_partial_rotary_copies_the_tail():
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((3, 2, 64)).astype(np.float32)
-    pos = np.array([5, 9, 300], np.int32)
+    x = rng.standard_normal((rope.PARALLEL_MIN_T, 2, 64)).astype(np.float32)
+    pos = rng.integers(0, 400, rope.PARALLEL_MIN_T).astype(np.int32)
     freq = inv_freq(16)                                   # rotate the first 16 of 64 dims
     expect = rope.ref(x, pos, freq)
+    assert_close("rope partial, few", expect[:3], rope.cpu(x[:3], pos[:3], freq), atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(expect[..., 16:], x[..., 16:])
     np.testing.assert_array_equal(expect[..., :16], rope.ref(x[..., :16], pos, freq))
     assert_close("rope partial", expect, rope.cpu(x, pos, freq), atol=1e-5, rtol=1e-5)
