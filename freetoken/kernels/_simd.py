@@ -77,7 +77,8 @@ def idot_q5_k(row, xq, xd, xs):
 
 
 def idot_q6_k(row, xq, xd, xs):
-    """dot_q6_k of the rounded x: per 16 values, d*scale_i * xd * sum((q - 32) * xq)."""
+    """dot_q6_k of the rounded x: per 16 values, d*scale_i * xd * sum((q - 32) * xq). (xs,
+    xd times each 16 values' sum of xq (qact.sums16), is how the compiled dot takes off the 32.)"""
     return _spec_idot(row, xq, xd, "Q6_K")
 
 

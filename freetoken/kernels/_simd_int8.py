@@ -9,7 +9,7 @@ integers; which one is chosen from the features numba compiles for (``dot_path``
 compile. The lanes are scaled to fp32 per 32 values (per 16 for q6_k) and carried across blocks
 in one fp32 vector, reduced once at the end.
 
-Shapes: row u8[NB,S]; xq i8[NB,V]; xd, xs f32[NB,V/32]; all C-contiguous.
+Shapes: row u8[NB,S]; xq i8[NB,V]; xd, xs f32[NB,V/32] (q6_k's xs f32[NB,V/16]); all C-contiguous.
 """
 import numpy as np
 from llvmlite import ir
@@ -149,35 +149,34 @@ def _q6_k_slices(builder, block, n):
 
 
 def _q6_k(builder, ptrs, acc, path):
-    """acc <16 x float> + one q6_k block: per 16 values, d * scale_i * xd * ((u - 32) . xq)
-    (lanes 0-3, 4-7 of a slice: its two sub-blocks; two slices per fma)."""
-    block, xq, xd, _ = ptrs
+    """acc <16 x float> + one q6_k block: per 16 values, d * scale_i * xd * (u . xq) (lanes 0-3,
+    4-7 of a slice: its two sub-blocks; two slices per fma), less the offset of the quants, 32 *
+    d * scale_i * xs_i (xs: qact.sums16, xd times the sum of those 16 xq)."""
+    block, xq, xd, xs = ptrs
     a16 = builder.fmul(_float(builder, _bytes(builder, block, 192, 16)), _splat(builder, _fp16(builder, block, 208), 16))
     xd8 = _load(builder, xd, 0, ir.VectorType(F32, 8), 4)
     for n in range(2):
-        sums = []
-        for k, u in enumerate(_q6_k_slices(builder, block, n)):
-            x = _bytes(builder, xq, 128 * n + 32 * k)
-            bias = idot(builder, _same(8, 32, 32), x, ZERO8, path)
-            sums.append(idot(builder, u, x, builder.neg(bias), path))
+        sums = [idot(builder, u, _bytes(builder, xq, 128 * n + 32 * k), ZERO8, path)
+                for k, u in enumerate(_q6_k_slices(builder, block, n))]
         for k in (0, 2):
             s0, c = 8 * n + 2 * k, 4 * n + k
             scale = builder.fmul(_lanes(builder, a16, [s0] * 4 + [s0 + 1] * 4 + [s0 + 2] * 4 + [s0 + 3] * 4),
                                  _lanes(builder, xd8, [c] * 8 + [c + 1] * 8))
             acc = _fma(builder, _float(builder, _joined(builder, sums[k], sums[k + 1])), scale, acc)
-    return acc
+    offsets = builder.fmul(a16, _load(builder, xs, 0, ir.VectorType(F32, 16), 4))
+    return _fma(builder, offsets, _splat(builder, ir.Constant(F32, -32.0), 16), acc)
 
 
 def _int_row(context, builder, sig, args, shape, block_lanes):
     """The row's blocks folded by block_lanes(builder, (block, xq, xd, xs pointers), acc, path),
     one fp32 vector of `lanes` carried across blocks and reduced once."""
-    block_bytes, values, lanes = shape
+    block_bytes, values, lanes, xs_values = shape
     arrays = [context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args)]
     path, vec = dot_path(context.codegen()._tm_features), ir.VectorType(F32, lanes)
     acc = cgutils.alloca_once_value(builder, ir.Constant(vec, None))
     with cgutils.for_range(builder, builder.extract_value(arrays[0].shape, 0)) as loop:
         ptrs = [builder.gep(a.data, [builder.mul(loop.index, ir.Constant(I64, n))])
-                for a, n in zip(arrays, (block_bytes, values, values // 32, values // 32))]
+                for a, n in zip(arrays, (block_bytes, values, values // 32, values // xs_values))]
         builder.store(block_lanes(builder, ptrs, builder.load(acc), path), acc)
     total = _function(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", F32, [F32, vec])
     return builder.call(total, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
@@ -202,7 +201,8 @@ def _register_int_row(plain, shape, block_lanes):
                                                np.ascontiguousarray(xd), np.ascontiguousarray(xs))
 
 
-for _plain_dot, _shape, _block in ((_simd.idot_q8_0, (34, 32, 8), _q8_0), (_simd.idot_q4_k, (144, 256, 16), _q4_k),
-                                   (_simd.idot_q5_k, (176, 256, 16), _q5_k), (_simd.idot_q6_k, (210, 256, 16), _q6_k),
-                                   (_simd.idot_mxfp4, (17, 32, 8), _mxfp4)):
+# (block bytes, values, accumulator lanes, values per xs float: 16 for q6_k, qact.sums16)
+for _plain_dot, _shape, _block in ((_simd.idot_q8_0, (34, 32, 8, 32), _q8_0), (_simd.idot_q4_k, (144, 256, 16, 32), _q4_k),
+                                   (_simd.idot_q5_k, (176, 256, 16, 32), _q5_k), (_simd.idot_q6_k, (210, 256, 16, 16), _q6_k),
+                                   (_simd.idot_mxfp4, (17, 32, 8, 32), _mxfp4)):
     _register_int_row(_plain_dot, _shape, _block)

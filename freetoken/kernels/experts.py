@@ -11,6 +11,7 @@ from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._blas_pool import run_items
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, weight_rows
+from freetoken.kernels.experts_quant import _combine   # shared with the quantized decode, which runs it in its own call
 from freetoken.kernels.linear import dot_rows2, rows_block4, widen_rows
 from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
 from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
@@ -175,18 +176,6 @@ def _down_pairs(act, down, uniq, offs, iota, y):
                 dots(pairs, iota[:n4], w[h], y[h, offs[u]:])
         for j in range(n4, n):
             rows_block4(pairs[j], w, h0, h1, y[:, offs[u] + j])
-
-
-@njit(**SERIAL)
-def _combine(y, ptok, pw, out):
-    """out[t] = sum over pairs p of token t of pw[p] * y[:, p]; serial: P*H adds are noise next
-    to the weight stream."""
-    for t in range(out.shape[0]):
-        for h in range(out.shape[1]):
-            out[t, h] = 0.0
-    for h in range(y.shape[0]):
-        for p in range(ptok.shape[0]):
-            out[ptok[p], h] += pw[p] * y[h, p]
 
 
 def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out):

@@ -19,11 +19,9 @@ pairs, V values per block, B block bytes.
 import numpy as np
 
 from freetoken.kernels._activations import silu
-from freetoken.kernels.experts import _combine
 from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels.qact import dot_token, prepared, quantize, wants_int8
-from freetoken.kernels.qblocks import values_of
 from freetoken.kernels.qformats import format_of
 
 ROWS = 32            # rows per parallel work item, as in experts.py
@@ -39,7 +37,7 @@ def _gate_up(x, gu, code, int8, uniq, offs, ptok, h):
     """h[p, r] = row r of pair p's expert . x (rounded first when int8), for all 2I rows (gate,
     then up); gu uint8[S,2I,H/V,B]. A plain row loop, as the dense GEMV's: computing a gate row
     and its up row together, with the silu between, ran 1.4x slower (int8 dots, Zen 4)."""
-    xa = prepared(x, values_of(code), int8)
+    xa = prepared(x, code, int8)
     R = h.shape[1]
     nib = (R + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nib):
@@ -65,7 +63,7 @@ def _swiglu(h, act):
 def _down(act, dn, code, int8, uniq, offs, y):
     """y[h, p] = down_h . act[p] of pair p's expert (act rounded first when int8); dn
     uint8[S,H,I/V,B], y f32[H,P]."""
-    aa = prepared(act, values_of(code), int8)
+    aa = prepared(act, code, int8)
     H = y.shape[0]
     nhb = (H + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nhb):
@@ -78,10 +76,22 @@ def _down(act, dn, code, int8, uniq, offs, y):
 
 
 @njit(**SERIAL)
+def _combine(y, ptok, pw, out):
+    """out[t] = sum over pairs p of token t of pw[p] * y[:, p]; serial: P*H adds are noise next
+    to the weight stream."""
+    for t in range(out.shape[0]):
+        for h in range(out.shape[1]):
+            out[t, h] = 0.0
+    for h in range(y.shape[0]):
+        for p in range(ptok.shape[0]):
+            out[ptok[p], h] += pw[p] * y[h, p]
+
+
+@njit(**SERIAL)
 def _decode(x, gu, dn, codes, int8s, uniq, offs, ptok, pw, out):
     """out f32[T,H] = each token's experts weighted and summed, in one call from Python (each
     call and its arrays cost microseconds at decode, where a layer's experts take ~100):
-    gate_up's rows, the silu, down's rows (each parallel), then experts._combine."""
+    gate_up's rows, the silu, down's rows (each parallel), then _combine."""
     P = ptok.shape[0]
     h = np.empty((P, gu.shape[1]), np.float32)                  # [P,2I]
     _gate_up(x, gu, codes[0], int8s[0], uniq, offs, ptok, h)

@@ -13,7 +13,7 @@ import numpy as np
 from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels.qact import dot_token, prepared, quantize, wants_int8
-from freetoken.kernels.qblocks import dequant_row, values_of
+from freetoken.kernels.qblocks import dequant_row
 from freetoken.kernels.qformats import format_of
 
 ROWS = 16            # weight rows per parallel work item
@@ -25,7 +25,7 @@ GEMM_MIN_T = 8       # tokens from which the tile GEMM beats the GEMV (q4_k 1024
 def _gemv(x, w, code, int8, out):
     """out[t, m] = row m . x[t] (rounded first when int8); each row's blocks read once per call
     for all T tokens (from L1)."""
-    xa = prepared(x, values_of(code), int8)
+    xa = prepared(x, code, int8)
     M, T = w.shape[0], x.shape[0]
     for item in prange((M + ROWS - 1) // ROWS):
         for m in range(item * ROWS, min(item * ROWS + ROWS, M)):

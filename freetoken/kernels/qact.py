@@ -113,26 +113,48 @@ def rounded(x, parallel=None):
     return dequantize_ref(q, d)
 
 
+Q6_K = 9                       # the q6_k code (qformats.FORMATS): its xs are per 16 values
+
+
 @njit(**EXACT)
-def prepared(x, values, int8):
-    """The tokens a GEMV kernel reads through ``dot_token``, made inside the kernel (a numba call
-    and three numpy allocations from Python cost more than this at decode): (x f32[T,K], xq
-    i8[T,K/V,V], xd f32[T,K/V,V/32], xs), x rounded in blocks of V values when int8, else empty
-    arrays (one compiled kernel serves both). Compiled without fastmath, as quantize_ref rounds."""
+def sums16(q, d):
+    """q6_k's xs: f32[T,K/16] = d of the group * the sum of each 16 values of q i8[T,K] (its
+    scales are per 16 values; with these sums its row dot subtracts the quants' offset of 32
+    once per block instead of running a second integer dot per 32 values)."""
+    T, K = q.shape
+    out = np.empty((T, K // 16), np.float32)
+    for t in range(T):
+        for i in range(K // 16):
+            total = 0
+            for v in range(16 * i, 16 * i + 16):
+                total += np.int32(q[t, v])
+            out[t, i] = d[t, i // 2] * np.float32(total)
+    return out
+
+
+@njit(**EXACT)
+def prepared(x, code, int8):
+    """The tokens a GEMV kernel over weights of format ``code`` reads through ``dot_token``, made
+    inside the kernel (a numba call and three numpy allocations from Python cost more than this
+    at decode): (x f32[T,K], xq i8[T,K/V,V], xd f32[T,K/V,V/32], xs f32[T,K/V,V/32], for q6_k
+    [T,K/V,V/16]: sums16), x rounded in blocks of V values when int8, else empty arrays (one
+    compiled kernel serves both). Compiled without fastmath, as quantize_ref rounds."""
     T, K = x.shape
+    values = values_of(code)
     nb = K // values
     if int8:
         q = np.empty((T, K), np.int8)
         d, s = np.empty((T, K // GROUP), np.float32), np.empty((T, K // GROUP), np.float32)
         _quantize_few(x, q, d, s)
-        groups = values // GROUP
-        return x, q.reshape((T, nb, values)), d.reshape((T, nb, groups)), s.reshape((T, nb, groups))
+        if code == Q6_K:
+            s = sums16(q, d)
+        return x, q.reshape((T, nb, values)), d.reshape((T, nb, values // GROUP)), s.reshape((T, nb, s.shape[1] // nb))
     return x, np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0), np.float32)
 
 
 @njit(inline="always", **SERIAL)
 def dot_token(row, code, xa, t, int8):
-    """row . token t of xa = prepared(x, V, int8): the int8 dot of its rounded values (the row's
+    """row . token t of xa = prepared(x, code, int8): the int8 dot of its rounded values (the row's
     format has them: wants_int8), or dot_row."""
     if int8:
         return idot_blocks(row, code, xa[1][t], xa[2][t], xa[3][t])
@@ -143,8 +165,8 @@ def dot_token(row, code, xa, t, int8):
 
 @njit(inline="always", **SERIAL)
 def idot_blocks(row, code, xq, xd, xs):
-    """idot_row with the rounded x already in blocks (xq i8[NB,V], xd, xs f32[NB,V/32]) and the
-    code checked by the caller (dot_token: a reshape per row costs as much as a short dot)."""
+    """idot_row with the rounded x already in blocks (xq i8[NB,V], xd, xs f32[NB,V/32]; q6_k's
+    xs f32[NB,V/16], sums16) and the code checked by the caller (dot_token: a reshape per row costs as much as a short dot)."""
     if code == 4:
         return idot_q8_0(row, xq, xd, xs)
     if code == 7:
@@ -158,10 +180,13 @@ def idot_blocks(row, code, xq, xd, xs):
 
 @njit(**SERIAL)
 def idot_row(row, code, xq, xd, xs):
-    """qblocks.dot_row of the rounded x (xq i8[K], xd and xs f32[K/32], C-contiguous) for the
-    formats with int8 dots (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k, mxfp4)."""
+    """qblocks.dot_row of the rounded x (xq i8[K], xd and xs f32[K/32], C-contiguous: quantize's
+    output; q6_k makes its own xs, sums16) for the formats with int8 dots
+    (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k, mxfp4)."""
     check_code(code, row.shape[1])
     if code != 4 and code != 11 and (code < 7 or code > 9):
         raise ValueError("no int8 dot for this quantized format")
     nb, v = row.shape[0], values_of(code)
-    return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs.reshape(nb, v // 32))
+    xs_blocks = (sums16(xq.reshape(1, nb * v), xd.reshape(1, nb * v // 32)).reshape(nb, v // 16)
+                 if code == Q6_K else xs.reshape(nb, v // 32))
+    return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs_blocks)

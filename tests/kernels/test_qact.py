@@ -39,19 +39,26 @@ def test_quantize_is_bit_exact_with_the_spec(T):
     np.testing.assert_array_equal(qact.rounded(x), qact.rounded_ref(x))
 
 
-@pytest.mark.parametrize("values", [32, 256])
-def test_the_kernels_own_rounding_is_the_spec_in_blocks(values):
+@pytest.mark.parametrize("name", ["q8_0", "q4_k", "q6_k"])
+def test_the_kernels_own_rounding_is_the_spec_in_blocks(name):
     """prepared(): what the GEMV kernels round inside themselves, bit for bit quantize_ref, in
-    blocks of the weight's V values; without int8 only x (and empty arrays)."""
+    blocks of the weight's V values (q6_k's xs: d times each 16 values' sum of q); without int8
+    only x (and empty arrays)."""
+    fmt = qformats.format_named(name)
+    values = fmt.values
     x = activations(np.random.default_rng(values), 3, 512)
-    x_, q, d, s = qact.prepared(x, values, True)
+    x_, q, d, s = qact.prepared(x, fmt.code, True)
     want = qact.quantize_ref(x)
     assert x_ is x or np.array_equal(x_, x)
-    assert q.shape == (3, 512 // values, values) and d.shape == s.shape == (3, 512 // values, values // 32)
+    assert q.shape == (3, 512 // values, values) and d.shape == (3, 512 // values, values // 32)
     np.testing.assert_array_equal(q.reshape(3, -1), want[0])
+    if name == "q6_k":
+        sums = want[0].reshape(3, -1, 16).sum(axis=2, dtype=np.int32).astype(np.float32)
+        want = want[:2] + ((np.repeat(want[1], 2, axis=1) * sums).astype(np.float32),)
+    assert s.shape == (3, 512 // values, want[2].shape[1] * values // 512)
     for got, spec in ((d, want[1]), (s, want[2])):
         assert np.array_equal(got.reshape(3, -1).view(np.uint32), spec.view(np.uint32))
-    assert [a.size for a in qact.prepared(x, values, False)[1:]] == [0, 0, 0]
+    assert [a.size for a in qact.prepared(x, fmt.code, False)[1:]] == [0, 0, 0]
 
 
 def test_the_rounding_stays_exact_when_a_fastmath_kernel_compiles_it_first(tmp_path):
@@ -69,7 +76,7 @@ x = (rng.standard_normal((3, 256)) * 3).astype(np.float32)
 out = np.empty((3, 8), np.float32)
 linear_quant.gemv(x, w, out, "int8")
 want = qact.quantize_ref(x)
-for got in (qact.quantize(x), qact.prepared(x, 256, True)[1:]):
+for got in (qact.quantize(x), qact.prepared(x, qformats.format_named("q4_k").code, True)[1:]):
     for g, s in zip(got, want):
         assert np.array_equal(g.reshape(s.shape).view(np.uint8), s.view(np.uint8)), (g, s)
 print("exact")
