@@ -177,7 +177,7 @@ def _unpack(shape):
                             [builder.mul(args[2], groups)]) for i in (3, 4)]
         with cgutils.for_range(builder, nb) as blocks:
             block = builder.gep(builder.bitcast(row.data, PTR), [builder.mul(blocks.index, stride)])
-            for gi, (u, a, c) in enumerate(groups_of(builder, block)):
+            for gi, (u, a, c) in enumerate(groups_of(builder, block, "vnni")):   # AMX CPUs have VNNI
                 at = builder.add(builder.mul(blocks.index, ir.Constant(I64, V)), ir.Constant(I64, gi * G))
                 builder.store(u, builder.bitcast(builder.gep(quants, [at]), u.type.as_pointer()), align=1)
                 g = builder.add(builder.mul(blocks.index, ir.Constant(I64, V // G)), ir.Constant(I64, gi))

@@ -122,6 +122,12 @@ def itile_q6_k(row, xt, xd, xs, xb, first, out):
     _spec_itile(row, xt, xd, first, out, "Q6_K")
 
 
+def itile_mxfp4(row, xt, xd, xs, xb, first, out):
+    """itile_q8_0 for mxfp4: per block 2**(e - 128) * xd * (sum(u * xq) + xb), u the doubled e2m1
+    value + 12, xb = -12 * sum(xq)."""
+    _spec_itile(row, xt, xd, first, out, "MXFP4")
+
+
 def register(numba):
     """Compile-time overloads of the dots above (kernels/_simd_ir.py, _simd_int8.py; called once,
     when numba is loaded: importing those modules registers them)."""

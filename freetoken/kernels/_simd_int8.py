@@ -93,19 +93,28 @@ def _mxfp4(builder, ptrs, acc, path):
     """acc <8 x float> + one mxfp4 block: 2**(e - 128) * xd * (k . xq), k the doubled e2m1 values
     (_kvalues), their sign moved onto xq as _q8_0 moves q's; the scale built from e's bits."""
     block, xq, xd, _ = ptrs
-    codes = _bytes(builder, block, 1, 16)
-    codes = _joined(builder, builder.and_(codes, _same(8, 16, 15)), builder.lshr(codes, _same(8, 16, 4)))
-    k = _kvalues(builder, codes, path)
+    k = _kvalues(builder, mxfp4_codes(builder, block), path)
     absolute = _function(builder, "llvm.abs.v32i8", I8x32, [I8x32, ir.IntType(1)])
     u = builder.call(absolute, [k, ir.Constant(ir.IntType(1), 0)])
     x = _bytes(builder, xq, 0)
     s = builder.select(builder.icmp_signed("<", k, ir.Constant(I8x32, None)), builder.neg(x), x)
+    scale = builder.fmul(mxfp4_half_scale(builder, block), _load(builder, xd, 0, F32, 4))
+    return _fma(builder, _float(builder, idot(builder, u, s, ZERO8, path)), _splat(builder, scale, 8), acc)
+
+
+def mxfp4_codes(builder, block):
+    """An mxfp4 block's 32 codes <32 x i8> in value order (low nibbles, then high)."""
+    codes = _bytes(builder, block, 1, 16)
+    return _joined(builder, builder.and_(codes, _same(8, 16, 15)), builder.lshr(codes, _same(8, 16, 4)))
+
+
+def mxfp4_half_scale(builder, block):
+    """2**(e - 128) (half the block's scale: the values are doubled), float, from e's bits."""
     e = builder.zext(_load(builder, block, 0, I8, 1), I32)
     small = builder.shl(ir.Constant(I32, 0x00200000), e)
     bits = builder.select(builder.icmp_unsigned("<", e, ir.Constant(I32, 2)), small,
                           builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23)))
-    scale = builder.fmul(builder.bitcast(bits, F32), _load(builder, xd, 0, F32, 4))
-    return _fma(builder, _float(builder, idot(builder, u, s, ZERO8, path)), _splat(builder, scale, 8), acc)
+    return builder.bitcast(bits, F32)
 
 
 def _k45(builder, ptrs, acc, path, qh_at, qs_at):

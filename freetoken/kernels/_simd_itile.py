@@ -11,8 +11,9 @@ token with no horizontal reduction, and each weight block is unpacked once for a
 quantized file an integer GEMM rather than dequantize-then-fp32-BLAS.
 
 Per group of G values (32; 16 for q6_k) a format's values are a*u - c: u the unsigned quant
-(q8_0 stores it signed: u = q + 128), a and c fp32 per group. The integer sum starts from the
-tile's xb = -off * sum(xq) (off: 128 for q8_0, 32 for q6_k) so sum(u*xq) + xb is the exact
+(q8_0 stores it signed: u = q + 128; mxfp4's doubled e2m1 values -12..12 + 12), a and c fp32
+per group. The integer sum starts from the
+tile's xb = -off * sum(xq) (off: 128 for q8_0, 32 for q6_k, 12 for mxfp4) so sum(u*xq) + xb is the exact
 sum((u - off) * xq); then acc += a * xd * sum, and the mins (q4_k, q5_k) acc -= c * xs with xs
 = xd * sum(xq). Same spec and tolerance as the GEMV dots: the dequantized row against the
 rounded x (q * xd), fp32 math in another order.
@@ -28,7 +29,7 @@ from numba.extending import intrinsic, overload
 
 from freetoken.kernels import _simd
 from freetoken.kernels._isa import int8_tile_path
-from freetoken.kernels._simd_int8 import idot, _q6_k_slices
+from freetoken.kernels._simd_int8 import _kvalues, _q6_k_slices, idot, mxfp4_codes, mxfp4_half_scale
 from freetoken.kernels._simd_ir import (F32, I8, I32, I64, _bytes, _contiguous, _fp16, _function,
                                         _k4_coefficients, _lanes, _same, _splat)
 
@@ -92,11 +93,20 @@ def _groups_q6_k(builder, block):
     return out
 
 
-# format: (block bytes, values per block, group G, offset, groups of a block)
-FORMATS = {"q8_0": (34, 32, 32, 128, _groups_q8_0),
-           "q4_k": (144, 256, 32, 0, lambda b, blk: _groups_k45(b, blk, None, 16)),
-           "q5_k": (176, 256, 32, 0, lambda b, blk: _groups_k45(b, blk, 16, 48)),
-           "q6_k": (210, 256, 16, 32, _groups_q6_k)}
+def _groups_mxfp4(builder, block, path):
+    """u = the doubled e2m1 value + 12 (0..24; the tile's xb takes 12 * sum(xq) off), a the half
+    scale 2**(e - 128)."""
+    k = _kvalues(builder, mxfp4_codes(builder, block), "vnni" if path != "generic" else "generic")
+    return [(builder.add(k, _same(8, 32, MXFP4_OFFSET)), mxfp4_half_scale(builder, block), None)]
+
+
+MXFP4_OFFSET = 12
+# format: (block bytes, values per block, group G, offset, groups of a block (builder, block, path))
+FORMATS = {"q8_0": (34, 32, 32, 128, lambda b, blk, path: _groups_q8_0(b, blk)),
+           "q4_k": (144, 256, 32, 0, lambda b, blk, path: _groups_k45(b, blk, None, 16)),
+           "q5_k": (176, 256, 32, 0, lambda b, blk, path: _groups_k45(b, blk, 16, 48)),
+           "q6_k": (210, 256, 16, 32, lambda b, blk, path: _groups_q6_k(b, blk)),
+           "mxfp4": (17, 32, 32, MXFP4_OFFSET, _groups_mxfp4)}
 
 
 class _Tile:
@@ -148,7 +158,7 @@ def _itile(context, builder, sig, args, shape):
         builder.store(ir.Constant(F32x16, None), out_vec(tiles.index), align=4)
     with cgutils.for_range(builder, t.nb) as blocks:
         block = builder.gep(t.row, [builder.mul(blocks.index, t.block_stride)])
-        groups, base = shape[4](builder, block), builder.mul(blocks.index, ir.Constant(I64, t.V))
+        groups, base = shape[4](builder, block, path), builder.mul(blocks.index, ir.Constant(I64, t.V))
         with cgutils.for_range(builder, t.nt) as tiles:
             acc = builder.load(out_vec(tiles.index), align=4)
             for gi, group in enumerate(groups):

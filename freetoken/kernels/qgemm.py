@@ -14,16 +14,17 @@ bytes, P routed pairs, U experts used, N tiles of 16 lanes, G values per group (
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels._simd import itile_q4_k, itile_q5_k, itile_q6_k, itile_q8_0
+from freetoken.kernels._simd import itile_mxfp4, itile_q4_k, itile_q5_k, itile_q6_k, itile_q8_0
 from freetoken.kernels.qformats import format_of, is_quantized
 
 LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
 ROWS = 32                                    # weight rows per parallel work item
-GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32)}   # format code -> (G, offset of u)
+GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32), 11: (32, 12)}   # format code -> (G, offset of u)
+AMX_CODES = (4, 7, 8, 9)   # formats the AMX tiles read (kernels/qgemm_amx.py); mxfp4 takes the VNNI tiles there
 
 
 def supported(w) -> bool:
-    """Whether w is in a format the tile GEMM reads (q8_0, q4_k, q5_k, q6_k)."""
+    """Whether w is in a format the tile GEMM reads (q8_0, q4_k, q5_k, q6_k, mxfp4)."""
     return is_quantized(w) and format_of(w).code in GROUPS
 
 
@@ -91,6 +92,8 @@ def _itile(row, code, xt, xd, xs, xb, first, out):
         itile_q4_k(row, xt, xd, xs, xb, first, out)
     elif code == 8:
         itile_q5_k(row, xt, xd, xs, xb, first, out)
+    elif code == 11:
+        itile_mxfp4(row, xt, xd, xs, xb, first, out)
     else:
         itile_q6_k(row, xt, xd, xs, xb, first, out)
 
@@ -123,9 +126,9 @@ def gemm(w, t, uniq, offs, first, res, rows_first):
     [S,M,K/V,B] (a quantized bank, groups reading slots uniq) -> res f32[M,P] when rows_first,
     else [P,M]. On AMX tiles where the CPU has them (_isa.amx_int8, kernels/qgemm_amx.py)."""
     from freetoken.kernels._isa import amx_int8
-    if amx_int8():
+    code = format_of(w).code
+    if amx_int8() and code in AMX_CODES:
         from freetoken.kernels import qgemm_amx
-        code = format_of(w).code
         return qgemm_amx.gemm(w, code, GROUPS[code][0], t, uniq, offs, first, res, rows_first)
-    _gemm(w, format_of(w).code, t, uniq, offs, first, res, rows_first)
+    _gemm(w, code, t, uniq, offs, first, res, rows_first)
     return res

@@ -8,7 +8,7 @@ from test_qblocks import blocks
 
 from freetoken.kernels import _simd, qact, qformats, qgemm
 
-NAMES = ["q8_0", "q4_k", "q5_k", "q6_k"]
+NAMES = ["q8_0", "q4_k", "q5_k", "q6_k", "mxfp4"]
 
 
 def _bank(rng, name, S, M, K):
