@@ -3,7 +3,7 @@ tests/kernels/test_kv_write.py."""
 import numpy as np
 
 from freetoken.kernels._bf16 import from_f32
-from freetoken.kernels._numba import HOT, SERIAL, narrow, njit, prange
+from freetoken.kernels._numba import SERIAL, narrow, njit
 
 
 def ref(k, v, k_cache, v_cache, slots):
@@ -14,44 +14,20 @@ def ref(k, v, k_cache, v_cache, slots):
         cache[np.asarray(slots)] = from_f32(src) if cache.dtype == np.uint16 else src
 
 
-PARALLEL_MIN_T = 64   # tokens from which the copy runs on every core: below, a parallel launch
-                      # costs more than the copy (a decode step's 1-8 rows)
-
-
-@njit(inline="always", **SERIAL)
-def _first_bad_slot(slots, n_slots):
-    """The index of the first slot outside [0, n_slots), -1 when none is."""
-    for t in range(slots.shape[0]):
-        if slots[t] < 0 or slots[t] >= n_slots:
-            return t
-    return -1
-
-
-@njit(inline="always", **SERIAL)
-def _write_row(k, v, k_cache, v_cache, t, s):
-    for g in range(k.shape[1]):
-        for d in range(k.shape[2]):
-            k_cache[s, g, d] = narrow(k[t, g, d], k_cache)
-            v_cache[s, g, d] = narrow(v[t, g, d], v_cache)
-
-
 @njit(**SERIAL)
-def _write_few(k, v, k_cache, v_cache, slots):
-    """Every slot checked, then the rows written; returns the first bad slot's index or -1."""
-    bad = _first_bad_slot(slots, k_cache.shape[0])
-    if bad < 0:
-        for t in range(k.shape[0]):
-            _write_row(k, v, k_cache, v_cache, t, slots[t])
-    return bad
-
-
-@njit(**HOT)
 def _write(k, v, k_cache, v_cache, slots):
-    bad = _first_bad_slot(slots, k_cache.shape[0])
-    if bad < 0:
-        for t in prange(k.shape[0]):
-            _write_row(k, v, k_cache, v_cache, t, slots[t])
-    return bad
+    """Every slot checked, then the rows written; returns the first bad slot's index or -1.
+    Serial: a decode step writes 1-8 rows, where a parallel launch cost more than the copy, and
+    a prefill chunk's copy is a fraction of a percent of its step."""
+    for t in range(slots.shape[0]):
+        if slots[t] < 0 or slots[t] >= k_cache.shape[0]:
+            return t
+    for t in range(k.shape[0]):
+        for g in range(k.shape[1]):
+            for d in range(k.shape[2]):
+                k_cache[slots[t], g, d] = narrow(k[t, g, d], k_cache)
+                v_cache[slots[t], g, d] = narrow(v[t, g, d], v_cache)
+    return -1
 
 
 def cpu(k, v, k_cache, v_cache, slots):
@@ -60,7 +36,7 @@ def cpu(k, v, k_cache, v_cache, slots):
     v = np.ascontiguousarray(v, np.float32)
     slots = np.ascontiguousarray(slots, np.int32)
     assert k.shape == v.shape and k.shape[1:] == k_cache.shape[1:] == v_cache.shape[1:]
-    bad = (_write if k.shape[0] >= PARALLEL_MIN_T else _write_few)(k, v, k_cache, v_cache, slots)
+    bad = _write(k, v, k_cache, v_cache, slots)
     if bad >= 0:
         raise IndexError(f"kv_write: slot {int(slots[bad])} out of range [0, {k_cache.shape[0]})")
 

@@ -8,7 +8,7 @@ from freetoken.kernels._bf16 import from_f32
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
-@pytest.mark.parametrize("T,G,D", [(1, 1, 32), (7, 2, 64), (33, 4, 128), (kv_write.PARALLEL_MIN_T + 3, 2, 16)])
+@pytest.mark.parametrize("T,G,D", [(1, 1, 32), (7, 2, 64), (33, 4, 128)])
 def test_cpu_matches_ref(T, G, D, dtype):
     rng = np.random.default_rng(T * G * D)
     N = 2 * T + 5
@@ -38,10 +38,10 @@ def test_bf16_rounding_ties_and_nan():
     np.testing.assert_array_equal(v_cache, k_cache)
 
 
-@pytest.mark.parametrize("T", [2, kv_write.PARALLEL_MIN_T])
+@pytest.mark.parametrize("T", [1, 70])
 @pytest.mark.parametrize("bad", [-1, 3])
 def test_out_of_range_slot_raises_before_any_write(T, bad):
-    """Both kernels (few tokens serial, many parallel) check every slot before writing one."""
+    """Every slot is checked before one is written: a bad last slot leaves the caches as they were."""
     k = np.ones((T, 1, 4), np.float32)
     cache = np.zeros((3, 1, 4), np.float32)
     slots = np.zeros(T, np.int32)
