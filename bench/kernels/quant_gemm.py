@@ -70,7 +70,7 @@ def gemm_variants(fmt, M, K, T, rng):
     def dequant_sgemm():
         linear_quant.dequant_rows(w[0], buf) @ qact.rounded(x, parallel=False).T
     kernels = {"VNNI": qgemm._gemm}
-    if _isa.amx_int8():
+    if _isa.amx_int8() and code in qgemm.AMX_CODES:
         from freetoken.kernels import qgemm_amx
         kernels["AMX"] = lambda w, code, *rest: qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], *rest)
     variants = {}

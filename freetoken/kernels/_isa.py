@@ -77,6 +77,6 @@ def describe() -> str:
     used |= {"amx-int8"} if amx else set()
     present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
-    prefill = "int8 tile GEMM on AMX-INT8 tiles (tdpbusd)" if amx else TILE_PATHS[int8_tile_path(features)]
+    prefill = "int8 tile GEMM on AMX-INT8 tiles (tdpbusd; mxfp4 on VNNI tiles)" if amx else TILE_PATHS[int8_tile_path(features)]
     return (f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}, "
             f"quantized prefill by {prefill}{unused}")

@@ -15,7 +15,8 @@ The ``idot_*`` dots read x rounded to 8 bits per 32 values (kernels/qact.py) and
 scaled once; their spec: the dot of the dequantized row with the rounded x (q * d).
 
 Shapes: row u8[NB,S] (NB blocks of S bytes), xv f32[NB,V] (V values per block); rounded x: xq
-i8[NB,V], xd and xs f32[NB,V/32] (the scale, and scale * sum of q, of each 32 values).
+i8[NB,V], xd and xs f32[NB,V/32] (the scale, and scale * sum of q, of each 32 values; q6_k's
+xs f32[NB,V/16], per 16 values: qact.sums16).
 """
 import numpy as np
 

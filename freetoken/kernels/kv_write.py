@@ -36,6 +36,7 @@ def cpu(k, v, k_cache, v_cache, slots):
     v = np.ascontiguousarray(v, np.float32)
     slots = np.ascontiguousarray(slots, np.int32)
     assert k.shape == v.shape and k.shape[1:] == k_cache.shape[1:] == v_cache.shape[1:]
+    assert slots.shape == (k.shape[0],), (slots.shape, k.shape)
     bad = _write(k, v, k_cache, v_cache, slots)
     if bad >= 0:
         raise IndexError(f"kv_write: slot {int(slots[bad])} out of range [0, {k_cache.shape[0]})")

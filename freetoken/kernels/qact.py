@@ -148,7 +148,7 @@ def prepared(x, code, int8):
         _quantize_few(x, q, d, s)
         if code == Q6_K:
             s = sums16(q, d)
-        return x, q.reshape((T, nb, values)), d.reshape((T, nb, values // GROUP)), s.reshape((T, nb, s.shape[1] // nb))
+        return x, q.reshape((T, nb, values)), d.reshape((T, nb, values // GROUP)), s.reshape((T, nb, values // (16 if code == Q6_K else GROUP)))
     return x, np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0), np.float32)
 
 

@@ -20,7 +20,7 @@ from freetoken.kernels.qformats import format_of, is_quantized
 LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
 ROWS = 32                                    # weight rows per parallel work item
 GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32), 11: (32, 12)}   # format code -> (G, offset of u)
-AMX_CODES = (4, 7, 8, 9)   # formats the AMX tiles read (kernels/qgemm_amx.py); mxfp4 takes the VNNI tiles there
+AMX_CODES = (4, 7, 8, 9)   # formats the AMX tiles read (kernels/qgemm_amx.py refuses others); mxfp4 takes the VNNI tiles there
 
 
 def supported(w) -> bool:

@@ -94,6 +94,8 @@ def _gemm(w, code, G, cfg, t, uniq, offs, first, res, rows_first):
 
 def gemm(w, code, G, t, uniq, offs, first, res, rows_first):
     """qgemm.gemm on AMX tiles for format ``code`` (groups of G values; the tiles' xb carries
-    the quants' offset; the caller checked _isa.amx_int8())."""
+    the quants' offset; the caller checked _isa.amx_int8()). Formats qgemm.AMX_CODES only."""
+    if code not in (4, 7, 8, 9):                 # qgemm.AMX_CODES (that module imports this one)
+        raise ValueError(f"the AMX tiles read q8_0 and the K-quants, not format code {code}")
     _gemm(w, code, G, _amx.config(G), t, uniq, offs, first, res, rows_first)
     return res
