@@ -52,65 +52,24 @@ def exp_le0(x):
 
 
 @njit(**SERIAL_NAN_SAFE)
-def _scores(q, k_cache, slots, scale, s):
-    """s f32[G,rep,n] = scale * q . K row of each slot; four slots a loop, so each q value
-    loaded serves four rows (1.3x over one slot a loop, Zen 4)."""
-    G, rep, D = q.shape
-    n4 = slots.shape[0] // 4 * 4
-    for j in range(0, n4, 4):
-        s0, s1, s2, s3 = slots[j], slots[j + 1], slots[j + 2], slots[j + 3]
-        for g in range(G):
-            for r in range(rep):
-                a0 = a1 = a2 = a3 = np.float32(0.0)
-                for d in range(D):
-                    x = q[g, r, d]
-                    a0 += x * widen(k_cache[s0, g, d])
-                    a1 += x * widen(k_cache[s1, g, d])
-                    a2 += x * widen(k_cache[s2, g, d])
-                    a3 += x * widen(k_cache[s3, g, d])
-                s[g, r, j], s[g, r, j + 1], s[g, r, j + 2], s[g, r, j + 3] = a0 * scale, a1 * scale, a2 * scale, a3 * scale
-    for j in range(n4, slots.shape[0]):
-        for g in range(G):
-            for r in range(rep):
-                a = np.float32(0.0)
-                for d in range(D):
-                    a += q[g, r, d] * widen(k_cache[slots[j], g, d])
-                s[g, r, j] = a * scale
-
-
-@njit(**SERIAL_NAN_SAFE)
-def _weighted_rows(p, v_cache, slots, out):
-    """out f32[G,rep,D] += sum over slots j of p[g, r, j] * V row; four slots a loop, so each
-    load and store of out serves four rows (1.7-1.9x over one slot a loop, Zen 4)."""
-    G, rep, D = out.shape
-    n4 = slots.shape[0] // 4 * 4
-    for j in range(0, n4, 4):
-        s0, s1, s2, s3 = slots[j], slots[j + 1], slots[j + 2], slots[j + 3]
-        for g in range(G):
-            for r in range(rep):
-                p0, p1, p2, p3 = p[g, r, j], p[g, r, j + 1], p[g, r, j + 2], p[g, r, j + 3]
-                for d in range(D):
-                    out[g, r, d] += (p0 * widen(v_cache[s0, g, d]) + p1 * widen(v_cache[s1, g, d])
-                                     + p2 * widen(v_cache[s2, g, d]) + p3 * widen(v_cache[s3, g, d]))
-    for j in range(n4, slots.shape[0]):
-        for g in range(G):
-            for r in range(rep):
-                for d in range(D):
-                    out[g, r, d] += p[g, r, j] * widen(v_cache[slots[j], g, d])
-
-
-@njit(**SERIAL_NAN_SAFE)
 def chunk(q, k_cache, v_cache, slots, scale, acc, ml):
     """One work item: every head q f32[G,rep,D] of a token over the KV rows at `slots`.
     acc f32[G,rep,D] = sum of exp(score - max) * V row; ml f32[G,rep,2] = (max, sum of exp).
     All kv groups of a slot in one item: a slot's rows are one contiguous record, read once and
-    in order. Functions of their own, not the prange body, with C-contiguous arrays, a fresh
+    in order. A function of its own, not the prange body, with C-contiguous arrays, a fresh
     accumulator and rows read element by element (bf16 widened in place): each of these kept
     numba's short loops vectorised where the alternative compiled them scalar."""
     G, rep, D = q.shape
     n = slots.shape[0]
     s = np.empty((G, rep, max(n, 1)), np.float32)                 # scores, then exp weights
-    _scores(q, k_cache, slots, scale, s)
+    for j in range(n):
+        slot = slots[j]
+        for g in range(G):
+            for r in range(rep):
+                a = np.float32(0.0)
+                for d in range(D):
+                    a += q[g, r, d] * widen(k_cache[slot, g, d])
+                s[g, r, j] = a * scale
     for g in range(G):
         for r in range(rep):
             m = np.float32(-np.inf)
@@ -123,7 +82,13 @@ def chunk(q, k_cache, v_cache, slots, scale, acc, ml):
                 tot += s[g, r, j]
             ml[g, r, 0], ml[g, r, 1] = m, tot
     out = np.zeros((G, rep, D), np.float32)
-    _weighted_rows(s, v_cache, slots, out)
+    for j in range(n):
+        slot = slots[j]
+        for g in range(G):
+            for r in range(rep):
+                p = s[g, r, j]
+                for d in range(D):
+                    out[g, r, d] += p * widen(v_cache[slot, g, d])
     acc[...] = out
 
 
