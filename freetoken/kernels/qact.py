@@ -21,7 +21,7 @@ import numpy as np
 from freetoken.kernels._numba import SERIAL, njit, prange
 from freetoken.kernels._simd import idot_mxfp4, idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0
 from freetoken.kernels.qblocks import check_code, dot_row, values_of
-from freetoken.kernels.qformats import format_of, is_quantized
+from freetoken.kernels.qformats import format_named, format_of, is_quantized
 
 DOTS = ("int8", "f32")         # the choices of --cpu-dots
 
@@ -113,7 +113,7 @@ def rounded(x, parallel=None):
     return dequantize_ref(q, d)
 
 
-Q6_K = 9                       # the q6_k code (qformats.FORMATS): its xs are per 16 values
+Q6_K = format_named("q6_k").code   # its xs are per 16 values (sums16)
 
 
 @njit(**EXACT)
@@ -146,9 +146,9 @@ def prepared(x, code, int8):
         q = np.empty((T, K), np.int8)
         d, s = np.empty((T, K // GROUP), np.float32), np.empty((T, K // GROUP), np.float32)
         _quantize_few(x, q, d, s)
-        if code == Q6_K:
-            s = sums16(q, d)
-        return x, q.reshape((T, nb, values)), d.reshape((T, nb, values // GROUP)), s.reshape((T, nb, values // (16 if code == Q6_K else GROUP)))
+        per_s = 16 if code == Q6_K else GROUP
+        s = sums16(q, d) if code == Q6_K else s
+        return x, q.reshape((T, nb, values)), d.reshape((T, nb, values // GROUP)), s.reshape((T, nb, values // per_s))
     return x, np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0), np.float32)
 
 
