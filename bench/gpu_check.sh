@@ -8,8 +8,9 @@
 # GPU_CHECK_BUDGET_S (default 450: no step starts after that, each is cut to what is left).
 #
 # The GPU machine has Python 3.12, CuPy, numba, numpy, safetensors, tokenizers, jinja2 and pytest
-# but no PyPI (and no openai/anthropic SDKs, so tests/server is not collected here). The
-# pre-flight aborts with one line when CuPy sees no device, so no CPU number is reported as GPU.
+# but no PyPI: carry bench/wheels (bench/make_wheelhouse.sh). It has no openai/anthropic SDKs either,
+# so tests/server is not collected here. The pre-flight aborts with one line when CuPy sees no
+# device, so no CPU number is reported as GPU.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,6 +18,7 @@ LOGS=${OUT:-$(mktemp -d)}
 BUDGET=${GPU_CHECK_BUDGET_S:-450}
 TMP=$(mktemp -d)
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$TMP/numba_cache} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # the GPU machine runs the tree, not an install
 mkdir -p "$LOGS"
 ROWS=()
 
@@ -70,14 +72,16 @@ run_step() {
   ROWS+=("$(printf '%-24s %-8s %5s  %s' "$name" "$status" "$((SECONDS - t0))" "$note")")
 }
 
-# starlette/hypercorn/jinja2/threadpoolctl from bench/wheels/ (bench/make_wheelhouse.sh; carry that folder) when
-# the environment lacks them: into the environment, else into a folder on PYTHONPATH.
+# What the GPU machine lacks of the runtime and test imports, from bench/wheels/ (bench/make_wheelhouse.sh;
+# carry that folder): into the environment, else into a folder on PYTHONPATH. Without them pytest
+# stops at collection (tests/kernels/test_simd.py imports gguf, tests/test_chat_cli.py pexpect).
+WHEEL_IMPORTS="starlette hypercorn jinja2 threadpoolctl gguf llguidance jsonschema pexpect"
 install_wheels() {
-  "$PY" -c "import starlette, hypercorn, jinja2, threadpoolctl" >/dev/null 2>&1 && return 0
+  "$PY" -c "import ${WHEEL_IMPORTS// /, }" >/dev/null 2>&1 && return 0
   ls bench/wheels/*.whl >/dev/null 2>&1 || return 1
-  "$PY" -m pip install -q --no-index --find-links bench/wheels starlette hypercorn jinja2 threadpoolctl && return 0
+  "$PY" -m pip install -q --no-index --find-links bench/wheels $WHEEL_IMPORTS && return 0
   "$PY" -m pip install -q --no-index --find-links bench/wheels --target "$TMP/site" \
-    starlette hypercorn jinja2 threadpoolctl || return 1
+    $WHEEL_IMPORTS || return 1
   export PYTHONPATH=$TMP/site${PYTHONPATH:+:$PYTHONPATH}
 }
 
@@ -94,9 +98,8 @@ if ! FREETOKEN_CUDA_EMULATE=0 "$PY" -c "import cupy, sys; sys.exit(cupy.cuda.run
   exit 2
 fi
 # tests/server needs openai/anthropic, which the GPU machine lacks, and has no gpu tests: skip it.
-PYTEST_ARGS=(-m gpu -rfE --ignore=tests/server -p no:cacheprovider)  # -q comes from pyproject
-run_step "pytest -m gpu" 300 "$LOGS/gpu_tests.log" "" \
-  "$PY" -m pytest "${PYTEST_ARGS[@]}" --junitxml="$LOGS/gpu_tests.xml"
+PYTEST_ARGS=(-m gpu -rfE --durations=15 --ignore=tests/server -p no:cacheprovider)  # -q: pyproject
+run_step "pytest -m gpu" 300 "$LOGS/gpu_tests.log" "" "$PY" -m pytest "${PYTEST_ARGS[@]}"
 
 for line in "${BENCHES[@]}"; do
   IFS='|' read -r name limit cmd <<<"$line"
@@ -109,5 +112,9 @@ done
   printf '%-24s %-8s %5s  %s\n' STEP STATUS SEC NOTE
   printf '%s\n' "${ROWS[@]}"
 } | tee "$LOGS/summary.txt"
+# The device tool brings back at most 8 files from $OUT: the JSON results travel as one tar.
+if [[ -n ${OUT:-} ]] && ls "$LOGS"/*.json >/dev/null 2>&1; then
+  (cd "$LOGS" && tar -cf results.tar ./*.json && rm -f ./*.json)
+fi
 rm -rf "$TMP"
 ! grep -qE ' (FAIL|TIMEOUT)' "$LOGS/summary.txt"

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from freetoken.cupy_loader import cupy as load_cupy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from freetoken.cupy_loader import cupy as load_cupy  # noqa: E402  (after the repo is on the path)
 
 
 def generate_speed(llm, batch: int, prompt: int, decode: int, rng) -> dict:
