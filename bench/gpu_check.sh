@@ -10,7 +10,10 @@
 # The GPU machine has Python 3.12, CuPy, numba, numpy, safetensors, tokenizers, jinja2 and pytest
 # but no PyPI: carry bench/wheels (bench/make_wheelhouse.sh). It has no openai/anthropic SDKs either,
 # so tests/server is not collected here. The pre-flight aborts with one line when CuPy sees no
-# device, so no CPU number is reported as GPU.
+# device, so no CPU number is reported as GPU. A tree sent to a lent machine with a size limit
+# (64 MiB) travels without some weights: the tracked files are ~106 MB, of which the built-in
+# models are 38 MB (the gpu tests need tiny-agent-moe only) and tests/fixtures 64 MB; tests whose
+# files stayed behind fail naming the missing file.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

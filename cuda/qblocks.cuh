@@ -90,6 +90,16 @@ __device__ __forceinline__ void scale_min_k(const u8* blk, int j, int& sc, int& 
   }
 }
 
+// k * 2^(e - 128) for the e8m0 exponents 0 and 1, whose scale is subnormal: built from bits, since
+// -ftz=true (CuPy's) flushes a subnormal factor or product to zero. m is the value in units of
+// 2^-149, below 2^26 (k <= 12); from 2^24 on it is normal with s = log2(m) - 23 bits dropped
+// (zeros: m = k << 21 at least) and exponent field s + 1.
+__device__ __forceinline__ float mxfp4_tiny(u32 e, int k, int negative) {
+  const u32 m = (u32)k << (e + 21);
+  const int s = max(0, 8 - __clz((int)m));
+  return __uint_as_float(((u32)s << 23) + (m >> s) + (negative && k ? 0x80000000u : 0u));
+}
+
 // ---- 8 values of a block ---------------------------------------------------------------------
 // v[i] = value j + i of the block at blk; j % 8 == 0, so the 8 share every sub-block scale.
 template <int C>
@@ -122,13 +132,13 @@ __device__ __forceinline__ void block8(const u8* blk, int j, float (&v)[8]) {
     }
   } else if (C == MXFP4) {  // doubled e2m1 codes times 2^(e - 128), built from its bits: exact
     const u32 e = blk[0];
-    const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1u) << 23);
+    const float d = __uint_as_float((e - 1u) << 23);  // 2^(e - 128) for e >= 2
     const int half = j >> 4, l0 = j & 15;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int q = (blk[1 + l0 + i] >> (4 * half)) & 15, m = q & 7;
       const int k = m < 4 ? m : (m == 4 ? 4 : m == 5 ? 6 : m == 6 ? 8 : 12);
-      v[i] = __fmul_rn(d, (float)(q & 8 ? -k : k));
+      v[i] = e < 2 ? mxfp4_tiny(e, k, q & 8) : __fmul_rn(d, (float)(q & 8 ? -k : k));
     }
   } else if (C == FP8_B128) {
     const float s = __uint_as_float(u32_at(blk));

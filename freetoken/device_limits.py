@@ -1,10 +1,13 @@
 """What a real GPU refuses to launch, by the numbers real ptxas gives each entry point of cuda/*.cu
 (cuda/launch_limits.json, written by kernels/launch_limits.py): a block whose threads need more
 than 64K registers, or whose static plus dynamic shared memory passes 48 KiB without the
-max_dynamic_shared_size_bytes opt-in (227 KiB with it, sm_90); CUDA says "too many resources
-requested for launch". The emulator (cuda_emu/device_launch.py) refuses the same launches,
-naming the limit; wrappers whose block grows with a shape (gdn_rule) bound it by
-``max_threads``. Also where the .cu sources live (``cuda_dir``).
+max_dynamic_shared_size_bytes opt-in (227 KiB with it, sm_90). The driver answers the first
+with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES and the second with CUDA_ERROR_INVALID_VALUE (both seen
+on an H200); the emulator (cuda_emu/device_launch.py) refuses the same launches with the same
+codes, then names the limit. The count of the code a device loads can differ from this table's
+(another NVRTC), so a wrapper whose block grows with a shape (gdn_rule) asks the loaded kernel
+(``max_threads_per_block``, which the emulated one answers from ``max_threads``). Also where the
+.cu sources live (``cuda_dir``).
 """
 from __future__ import annotations
 
@@ -16,9 +19,14 @@ ARCHS = ("sm_80", "sm_90", "sm_120")
 REGISTERS_PER_BLOCK = 64 * 1024
 REGISTER_UNIT = 8                  # a thread's registers are allocated in 8s (256 per warp)
 WARP = 32
+# warps take registers in groups of 4: an H200 reported 512 threads, not 544, as the most for
+# gdn_rule at 113 registers (120 a thread: 17 warps need 20 warps' registers, 76,800)
+WARP_GROUP = 4
 SHARED_DEFAULT = 48 * 1024         # static + dynamic, without the opt-in
 SHARED_OPTIN = 227 * 1024          # static + dynamic with it (sm_90)
 TABLE = "launch_limits.json"
+TOO_MANY_REGISTERS = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch"
+TOO_MUCH_SHARED = "CUDA_ERROR_INVALID_VALUE: invalid argument"
 
 
 def cuda_dir() -> Path:
@@ -41,15 +49,18 @@ def table() -> dict[str, dict]:
 
 
 def block_registers(registers: int, threads: int) -> int:
-    """Registers a block of ``threads`` takes: per thread rounded up to the unit, whole warps."""
+    """Registers a block of ``threads`` takes: per thread rounded up to the unit, warps in whole
+    groups of WARP_GROUP."""
     per_thread = -(-registers // REGISTER_UNIT) * REGISTER_UNIT
-    return per_thread * WARP * -(-threads // WARP)
+    group = WARP * WARP_GROUP
+    return per_thread * group * -(-threads // group)
 
 
 def max_threads(entry: str) -> int:
     """The largest block (a multiple of 32, at most 1024) whose registers fit, on every arch."""
     registers = max(table()[entry]["registers"].values())
-    return min(1024, REGISTERS_PER_BLOCK // block_registers(registers, WARP) * WARP)
+    group = WARP * WARP_GROUP
+    return min(1024, REGISTERS_PER_BLOCK // block_registers(registers, group) * group)
 
 
 def refusal(file: str, entry: str, threads: int, dynamic_smem: int, max_dynamic: int) -> str | None:
@@ -61,14 +72,14 @@ def refusal(file: str, entry: str, threads: int, dynamic_smem: int, max_dynamic:
     arch, registers = max(row["registers"].items(), key=lambda kv: kv[1])
     need = block_registers(registers, threads)
     if need > REGISTERS_PER_BLOCK:
-        return (f"too many resources requested for launch: {threads} threads x {registers} "
+        return (f"{TOO_MANY_REGISTERS} ({threads} threads x {registers} "
                 f"registers ({arch}, per ptxas) take {need} registers, above the "
-                f"{REGISTERS_PER_BLOCK} of a block (at most {max_threads(entry)} threads)")
+                f"{REGISTERS_PER_BLOCK} of a block: at most {max_threads(entry)} threads)")
     static = row["static_smem"]
     limit = SHARED_OPTIN if max_dynamic > SHARED_DEFAULT - static else SHARED_DEFAULT
     if static + dynamic_smem > limit:
-        return (f"too many resources requested for launch: {static} bytes of static shared "
+        return (f"{TOO_MUCH_SHARED} ({static} bytes of static shared "
                 f"memory + {dynamic_smem} dynamic = {static + dynamic_smem}, above {limit} "
-                + ("(the opt-in maximum)" if limit == SHARED_OPTIN else
-                   "(48 KiB without max_dynamic_shared_size_bytes)"))
+                + ("(the opt-in maximum))" if limit == SHARED_OPTIN else
+                   "(48 KiB without max_dynamic_shared_size_bytes))"))
     return None

@@ -97,6 +97,12 @@ class Kernel:
                              f"[0, {dc.OPTIN_SMEM}] (the device's opt-in maximum)")
         self._max_dyn = int(n)
 
+    @property
+    def max_threads_per_block(self) -> int:
+        entry = device_limits.table().get(self.name)
+        mine = entry is not None and entry["file"] == Path(self._module.source).name
+        return device_limits.max_threads(self.name) if mine else dc.MAX_THREADS
+
     def launch(self, grid, block, shared_mem: int, args) -> None:
         """Runs the kernel to completion; EmuFault on a bad launch shape or a fault while it
         runs, TypeError on arguments that do not match the signature."""
@@ -133,9 +139,10 @@ class Kernel:
         limit = max(dc.DEFAULT_SMEM, self._max_dyn)
         if not 0 <= shared_mem <= limit:
             raise self._fault(
-                f"invalid launch: {shared_mem} bytes of dynamic shared memory; the limit is {limit}"
+                f"invalid launch: {device_limits.TOO_MUCH_SHARED} ({shared_mem} bytes of dynamic "
+                f"shared memory; the limit is {limit}"
                 f" (above {dc.DEFAULT_SMEM} needs max_dynamic_shared_size_bytes >= the size, at "
-                f"most {dc.OPTIN_SMEM})")
+                f"most {dc.OPTIN_SMEM}))")
         if (why := device_limits.refusal(Path(self._module.source).name, self.name,
                                              threads, shared_mem, self._max_dyn)):
             raise self._fault(f"invalid launch ({shape}, {shared_mem} bytes of dynamic shared "

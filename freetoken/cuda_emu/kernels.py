@@ -59,6 +59,12 @@ class RawKernel:
     def max_dynamic_shared_size_bytes(self) -> int:
         return self._kernel.max_dynamic_shared_size_bytes
 
+    @property
+    def max_threads_per_block(self) -> int:
+        """The largest block this entry launches, as a device reports it from the loaded code's
+        registers: here ptxas's offline count (device_limits.max_threads)."""
+        return self._kernel.max_threads_per_block
+
     @max_dynamic_shared_size_bytes.setter
     def max_dynamic_shared_size_bytes(self, n: int) -> None:
         self._kernel.max_dynamic_shared_size_bytes = int(n)

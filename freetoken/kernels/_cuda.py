@@ -46,6 +46,14 @@ def module_source(path) -> str:
     return read_source(path) + f"\n// freetoken headers {header_key(path.parent)}\n"
 
 
+# CuPy's compiler appends these to every RawModule's options (cupy/cuda/compiler.py): f32
+# subnormals are zero on the device (an H200 zeroed the subnormal MXFP4 scales that the
+# emulator kept). Offline compiles (_nvrtc.py: launch limits, PTX checks) add them too, so they
+# build what CuPy loads; the emulated device flushes f32 subnormals during a launch
+# (cuda_emu/emu/launch.cpp).
+CUPY_APPENDED_OPTIONS = ("-ftz=true",)
+
+
 def compile_options(include_dir) -> tuple[str, ...]:
     opts = ("-std=c++17", f"-I{include_dir}")
     return opts + ("-lineinfo",) if flag("KERNEL_DEBUG") else opts

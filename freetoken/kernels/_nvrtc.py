@@ -9,7 +9,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from freetoken.kernels._cuda import compile_options, read_source
+from freetoken.kernels._cuda import CUPY_APPENDED_OPTIONS, compile_options, read_source
 
 
 def _nvrtc_candidates():
@@ -74,8 +74,8 @@ def ptxas_log(path, arch: str, defines: tuple[str, ...] = ()) -> str:
 
 
 def _compile(path, extra: tuple[str, ...], arch: str, output: str) -> tuple[bytes, str]:
-    """(NVRTC's ``output`` (PTX or CUBIN), its log) of one .cu file with the loader's options
-    plus ``extra``; RuntimeError with the log, naming the file, when it fails."""
+    """(NVRTC's ``output`` (PTX or CUBIN), its log) of one .cu file with the loader's options (and
+    what CuPy appends to them) plus ``extra``; RuntimeError with the log, naming the file, when it fails."""
     lib = nvrtc()
     if lib is None:
         raise RuntimeError("libnvrtc not found (pip install 'nvidia-cuda-nvrtc==13.0.*')")
@@ -85,7 +85,7 @@ def _compile(path, extra: tuple[str, ...], arch: str, output: str) -> tuple[byte
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, str(path).encode(), 0, None, None),
            f"nvrtcCreateProgram({path})")
     try:
-        opts = compile_options(path.parent) + extra
+        opts = compile_options(path.parent) + CUPY_APPENDED_OPTIONS + extra
         arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
         if lib.nvrtcCompileProgram(prog, len(opts), arr) != 0:
             raise RuntimeError(f"NVRTC failed to compile {path} for {arch}:\n{_program_log(lib, prog)}")

@@ -33,6 +33,8 @@ alpha, 0 included, is NaN.
     (rsqrt(inf) = 0): a zero query (out 0 at t) or key (no write). The gpu applies l2's factor
     after its sums, so it agrees while those (S times the raw row) stay finite.
 """
+import functools
+
 import numpy as np
 
 EPS = np.float32(1e-6)          # inside l2's rsqrt, as in FLA and transformers' l2norm
@@ -230,11 +232,15 @@ ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py c
 }
 
 
+@functools.cache
 def max_key_dim() -> int:
     """The largest Dk gdn_rule.gpu launches: a warp per ROWS_PER_THREAD state rows, as many
-    warps as the kernel's registers (real ptxas, every arch) let a block hold (272 at 120)."""
-    from freetoken import device_limits
-    return device_limits.max_threads("gdn_rule_f32") // 32 * ROWS_PER_THREAD
+    warps as the loaded kernel's registers let a block hold, as the device says (CuPy's
+    max_threads_per_block: 512 threads, Dk 256, on an H200, which refused the 544 an older rule
+    allowed); the emulated device answers from cuda/launch_limits.json (device_limits)."""
+    from freetoken.kernels import _cuda
+    threads = _cuda.kernel("gdn_rule", "gdn_rule_f32").max_threads_per_block
+    return threads // 32 * ROWS_PER_THREAD
 
 
 def gpu(q, k, v, a, b, A_log, dt_bias, states, seq_slots, seq_starts, out):
@@ -252,7 +258,7 @@ def gpu(q, k, v, a, b, A_log, dt_bias, states, seq_slots, seq_starts, out):
     if not 0 < Dk <= max_key_dim() or Dv <= 0:
         raise ValueError(f"gdn_rule.gpu: key head dim {Dk} (value {Dv}); the kernel takes 1 to "
                          f"{max_key_dim()}: a block of 32 * ceil(Dk/{ROWS_PER_THREAD}) threads "
-                         "must fit a block's 64K registers at ptxas's count (cuda/launch_limits.json)")
+                         "must fit a block's 64K registers at the loaded kernel's count")
     if B == 0 or T == 0:
         return out
     args = _cuda.bind(ARGS["gdn_rule_f32"], q=q, k=k, v=v, a=a, b=b, A_log=A_log,

@@ -140,6 +140,24 @@ def test_atomics_from_many_blocks():
     assert from_device(m, 1, np.int64)[0] == (n - 1) << 33
 
 
+SUBNORMALS = r"""
+extern "C" __global__ void subnormals_f32(const float* x, float* out) {
+  out[threadIdx.x] = __fmul_rn(x[threadIdx.x], x[4]);  // x[4] = 1: a product g++ cannot fold
+}
+"""
+
+
+def test_f32_subnormals_are_zero_in_a_kernel_and_kept_on_the_host():
+    """-ftz=true, as CuPy builds every kernel: a subnormal input is zero, a normal one stays; the
+    launching thread's own arithmetic (numpy) keeps its subnormals after the launch."""
+    k = kernel(SUBNORMALS, "subnormals_f32")
+    tiny = np.array([1e-40, -3e-39, 1.2e-38, 2.0, 1.0], np.float32)
+    x, out = to_device(tiny), to_device(np.full(4, 7.0, np.float32))
+    k.launch((1, 1, 1), (4, 1, 1), 0, [x, out])
+    assert list(from_device(out, 4, np.float32)) == [0.0, 0.0, np.float32(1.2e-38), 2.0]
+    assert tiny[0] * np.float32(1.0) != 0 and np.float32(1e-38) / np.float32(4) != 0
+
+
 def test_alloc_is_aligned_poisoned_and_ends_at_a_guard_page():
     for nbytes in (0, 1, 100, 256, 4096, 5000):
         p = dc.alloc(nbytes)

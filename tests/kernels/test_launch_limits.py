@@ -33,21 +33,28 @@ def test_the_committed_table_is_what_ptxas_says_now():
     assert all(set(row["registers"]) == set(dl.ARCHS) for row in fresh.values())
 
 
-def test_registers_are_allocated_in_eights_per_whole_warp():
+def test_registers_are_allocated_in_eights_per_group_of_four_warps():
     assert dl.block_registers(120, 1024) == 120 * 1024
     assert dl.block_registers(115, 1024) == 120 * 1024
-    assert dl.block_registers(31, 33) == 32 * 64
+    assert dl.block_registers(31, 33) == 32 * 128
+    assert dl.block_registers(113, 544) == 120 * 640 > dl.REGISTERS_PER_BLOCK
+
+
+def test_gdn_rule_takes_the_block_an_h200_reported():
+    """An H200's max_threads_per_block for gdn_rule_f32 at 113 registers was 512 (2026-12-04)."""
+    assert dl.max_threads("gdn_rule_f32") == 512
 
 
 def test_refusals_name_the_limit():
     gdn = max(dl.table()["gdn_rule_f32"]["registers"].values())
     assert dl.refusal("gdn_rule.cu", "gdn_rule_f32", dl.max_threads("gdn_rule_f32"), 0, 0) is None
     why = dl.refusal("gdn_rule.cu", "gdn_rule_f32", 1024, 0, 0)
-    assert "too many resources" in why and f"1024 threads x {gdn} registers" in why
+    assert why.startswith(dl.TOO_MANY_REGISTERS) and f"1024 threads x {gdn} registers" in why
     fits = 4 * router.MAX_E
     assert dl.refusal("router.cu", "router_f32", 256, fits, 0) is None
     why = dl.refusal("router.cu", "router_f32", 256, fits + 4, 0)
-    assert "640 bytes of static shared memory" in why and "48 KiB without" in why
+    assert why.startswith(dl.TOO_MUCH_SHARED) and "640 bytes of static shared memory" in why
+    assert "48 KiB without" in why
     assert dl.refusal("router.cu", "router_f32", 256, fits + 4, fits + 4) is None    # opted in
     assert dl.refusal("mine.cu", "router_f32", 1024, 10**6, 0) is None               # not ours
     assert dl.refusal("router.cu", "no_such_entry", 1024, 10**6, 0) is None

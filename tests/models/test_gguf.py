@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_hf_parity import teacher_forced_logits
+from tests.models.test_hf_parity import teacher_forced_logits  # importable from other folders too
 
 from freetoken import LLM, SamplingParams
 from freetoken.config import ConfigError

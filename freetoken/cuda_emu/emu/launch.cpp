@@ -8,12 +8,30 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "runtime.h"
 
 namespace emu {
 
 static pthread_mutex_t g_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+// CuPy compiles every kernel with -ftz=true: f32 subnormal inputs and results are zero on the
+// device. The kernels run on this thread, so its MXCSR gets DAZ and FTZ for the launch and its
+// own value back after (numpy on this thread keeps its subnormals). x86-64 hosts only.
+#if defined(__x86_64__)
+static unsigned flush_subnormals() {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ (bit 15) | DAZ (bit 6)
+  return saved;
+}
+static void restore_subnormals(unsigned saved) { _mm_setcsr(saved); }
+#else
+static unsigned flush_subnormals() { return 0; }
+static void restore_subnormals(unsigned) {}
+#endif
 static const int kSignals[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
 static struct sigaction g_old_act[4];
 static stack_t g_old_stack;
@@ -102,8 +120,10 @@ EMU_API int emu_launch(const emu::LaunchArgs* a, emu::FaultInfo* out) {
     set_fault(F_CONFIG, "could not install the fault handlers");
     rc = F_CONFIG;
   } else if (rc == F_NONE) {
+    const unsigned csr = flush_subnormals();
     if (sigsetjmp(g_jmp, 1) == 0) rc = run_grid();
     else rc = signal_fault();
+    restore_subnormals(csr);
     remove_handlers();
   }
   end_launch();
