@@ -29,13 +29,19 @@ ASK = "Read the file notes.txt and tell me the first word"
 # as the user wrote it (Claude Code 2.1.197's Read resolves a relative one against its working
 # directory), so the directory's name no longer has to be copied. Each harness gets TRIES runs,
 # each in its own mkdtemp directory with its own first word, and must answer RIGHT_AT_LEAST.
-WORDS = ["banana", "orange", "river", "planet", "window", "garden", "silver", "rocket", "pencil", "castle"]
+# None of them is in the 40 common words the training corpus draws a fifth of its note words from
+# (tools/agent_corpus.py WORDS): until 2026-12-04 five were (banana, orange, river, garden, silver),
+# and those were the ones the model got right.
+WORDS = ["marble", "copper", "harvest", "planet", "window", "lantern", "tunnel", "rocket", "pencil", "castle"]
 TRIES = len(WORDS)
 RIGHT_AT_LEAST = 9          # of TRIES: the issue's bar; a failure says how many were wrong
-# Every harness ran the right call on 2026-12-04 (tiny-agent-moe, stage 6), but the model named
-# 7 or 8 of these 10 words right (window and rocket wrong, often planet): it copies common
-# words, not yet any word. Strict: once RIGHT_AT_LEAST pass, the marker must go.
-COPYING = pytest.mark.xfail(strict=True, reason="the built-in model copies 7-8 of 10 first words right "
+# Every harness ran the right call on 2026-12-04 (tiny-agent-moe, stage 6), but the model names
+# the word right only where it has learned it: 8 of 10 with the old list (its five training words
+# all right), and with this one 6 of 10 through Claude Code, 5 through Codex and 5 through aider.
+# A seventh stage with a quarter of the note words drawn from the tokenizer's one-token words
+# (1200 steps, `window` had come back as `view`) gave 6, 5 and 7: not kept. Strict: once
+# RIGHT_AT_LEAST pass, the marker must go.
+COPYING = pytest.mark.xfail(strict=True, reason="the built-in model copies 5-6 of 10 unseen first words right "
                                                  "(issue 26, item 1: >= 9 of 10 wanted)")
 
 
