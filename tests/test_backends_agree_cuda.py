@@ -87,7 +87,9 @@ def test_a_gpu_with_no_room_for_experts_still_runs_hybrid(expected):
 
 def test_logprobs_and_penalties_on_cuda_match_cpu():
     """Sampled-token and prompt logprobs, penalties and logit_bias through the engine on the
-    device (the fused backend, decode graphs on): the same tokens as cpu, logprobs within 1e-4."""
+    device (the fused backend, decode graphs on): the same tokens and top lists as cpu, logprobs
+    within 2e-3. The emulated device stays under 1e-4; an H200 differed by 3.9e-4 at the first
+    token (2026-12-04: its NVRTC build contracts FMAs, which the emulator's does not)."""
     from freetoken import LLM, SamplingParams
     prompt = "import os\nimport sys\n\n\ndef "
     params = SamplingParams(max_tokens=10, logprobs=3, prompt_logprobs=2, frequency_penalty=0.7,
@@ -103,7 +105,7 @@ def test_logprobs_and_penalties_on_cuda_match_cpu():
     cpu, cuda = runs["cpu"], runs["cuda"]
     assert cuda.token_ids == cpu.token_ids
     for a, b in zip(cuda.logprobs + cuda.prompt_logprobs[1:], cpu.logprobs + cpu.prompt_logprobs[1:]):
-        assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-4
+        assert a.token == b.token and abs(a.logprob - b.logprob) < 2e-3
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
 
 
