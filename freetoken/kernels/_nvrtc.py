@@ -75,7 +75,8 @@ def ptxas_log(path, arch: str, defines: tuple[str, ...] = ()) -> str:
 
 def _compile(path, extra: tuple[str, ...], arch: str, output: str) -> tuple[bytes, str]:
     """(NVRTC's ``output`` (PTX or CUBIN), its log) of one .cu file with the loader's options (and
-    what CuPy appends to them) plus ``extra``; RuntimeError with the log, naming the file, when it fails."""
+    what CuPy appends to them) plus ``extra``; RuntimeError with the log, naming the file, when
+    it fails."""
     lib = nvrtc()
     if lib is None:
         raise RuntimeError("libnvrtc not found (pip install 'nvidia-cuda-nvrtc==13.0.*')")
