@@ -33,8 +33,6 @@ alpha, 0 included, is NaN.
     (rsqrt(inf) = 0): a zero query (out 0 at t) or key (no write). The gpu applies l2's factor
     after its sums, so it agrees while those (S times the raw row) stay finite.
 """
-import functools
-
 import numpy as np
 
 EPS = np.float32(1e-6)          # inside l2's rsqrt, as in FLA and transformers' l2norm
@@ -232,12 +230,12 @@ ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py c
 }
 
 
-@functools.cache
 def max_key_dim() -> int:
     """The largest Dk gdn_rule.gpu launches: a warp per ROWS_PER_THREAD state rows, as many
     warps as the loaded kernel's registers let a block hold, as the device says (CuPy's
     max_threads_per_block: 512 threads, Dk 256, on an H200, which refused the 544 an older rule
-    allowed); the emulated device answers from cuda/launch_limits.json (device_limits)."""
+    allowed); the emulated device answers from cuda/launch_limits.json (device_limits). Not
+    cached: a device attribute read (about a microsecond), and tests swap the kernel."""
     from freetoken.kernels import _cuda
     threads = _cuda.kernel("gdn_rule", "gdn_rule_f32").max_threads_per_block
     return threads // 32 * ROWS_PER_THREAD

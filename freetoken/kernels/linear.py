@@ -168,6 +168,8 @@ def cpu(x, w, out=None, *, dots="f32"):
     """Same contract as ``ref``: numba row GEMV for few tokens (decode), BLAS for many; a
     quantized w with int8 dots on VNNI: the int8 tile GEMM from GEMM_MIN_T tokens (linear_quant)."""
     if isinstance(w, tuple):
+        if len(w) == 2 and all(map(is_quantized, w)) and np.shape(x)[0] < linear_quant.GEMM_MIN_T:
+            return linear_quant.gemv_pair(x, w, out, dots)      # decode: one call, not two
         return _parts(cpu, x, w, out, dots)
     x = np.ascontiguousarray(x, np.float32)
     T, K = x.shape

@@ -34,6 +34,22 @@ def _gemv(x, w, code, int8, out):
                 out[t, m] = dot_token(row, code, xa, t, int8)
 
 
+@njit(**HOT)
+def _gemv_pair(x, w0, c0, int8_0, w1, c1, int8_1, out):
+    """_gemv over two weights of different formats stacked along M (w0's rows first): one call
+    a step where there were two, each part's x prepared once."""
+    xa0, xa1 = prepared(x, c0, int8_0), prepared(x, c1, int8_1)
+    M0, M1, T = w0.shape[0], w1.shape[0], x.shape[0]
+    for item in prange((M0 + ROWS - 1) // ROWS):       # two loops as _gemv's: one format each
+        for m in range(item * ROWS, min(item * ROWS + ROWS, M0)):
+            for t in range(T):
+                out[t, m] = dot_token(w0[m], c0, xa0, t, int8_0)
+    for item in prange((M1 + ROWS - 1) // ROWS):
+        for m in range(item * ROWS, min(item * ROWS + ROWS, M1)):
+            for t in range(T):
+                out[t, M0 + m] = dot_token(w1[m], c1, xa1, t, int8_1)
+
+
 @njit(**SERIAL)
 def _dequant_rows(w, code, out):
     for r in range(w.shape[0]):
@@ -50,6 +66,17 @@ def gemv(x, w, out, dots="f32"):
     """x f32[T,K] (few tokens), w [M,K/V,B] -> out f32[T,M]; dots: as qact.wants_int8."""
     int8 = wants_int8(w, dots)
     _gemv(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w), format_of(w).code, int8, out)
+    return out
+
+
+def gemv_pair(x, parts, out, dots="f32"):
+    """gemv over a tuple of two quantized parts (a GGUF q|k and v of different formats) in one
+    call; out f32[T, M0 + M1] (made when None)."""
+    w0, w1 = (np.ascontiguousarray(p) for p in parts)
+    if out is None:
+        out = np.empty((x.shape[0], w0.shape[0] + w1.shape[0]), np.float32)
+    _gemv_pair(np.ascontiguousarray(x, np.float32), w0, format_of(w0).code, wants_int8(w0, dots),
+               w1, format_of(w1).code, wants_int8(w1, dots), out)
     return out
 
 

@@ -14,6 +14,8 @@ Shape legend: L layers, E experts, I expert width, H hidden, Hq/G query/kv heads
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from freetoken.config import ModelConfig
@@ -208,15 +210,21 @@ def _layer(read: TensorReader, cfg: ModelConfig, i: int) -> LayerWeights:
 def stacked_qkv(read: TensorReader, names: list[str], shape: tuple[int, int]):
     """q, k and v stacked: in one array of blocks when they share a block format; as a tuple of
     parts (linear's stacked form) when they are quantized in different ones (Q4_K_M keeps some
-    layers' v in Q6_K); widened into one array when none is quantized."""
+    layers' v in Q6_K), neighbours of one format in one part (q|k, v: two GEMV calls a step, not
+    three); widened into one array when none is quantized."""
     tensors = [read.model.tensors[n] for n in names]
     if all(block_format(t) is None for t in tensors):
         return stacked_widened(read, names, shape, 0)
-    one = stacked_blocks(tensors)
-    if one is not None:
-        read.blocks_of.update(names)
-        return read.counted(one)
-    return tuple(read.kept(n) for n in names)
+    parts = []
+    for _, run in itertools.groupby(zip(names, tensors), key=lambda nt: block_format(nt[1])):
+        run_names, run_tensors = zip(*run)
+        one = stacked_blocks(list(run_tensors)) if len(run_names) > 1 else None
+        if one is None:
+            parts += [read.kept(n) for n in run_names]
+        else:
+            read.blocks_of.update(run_names)
+            parts.append(read.counted(one))
+    return parts[0] if len(parts) == 1 else tuple(parts)
 
 
 def stacked_widened(read: TensorReader, names: list[str], shape: tuple[int, ...], axis: int) -> np.ndarray:

@@ -44,6 +44,21 @@ def test_parts_of_different_formats_stack_along_the_rows(T, dots):
     close(got, want)
 
 
+@pytest.mark.parametrize("dots", ["f32", "int8"])
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("formats", [("q4_k", "q6_k"), ("q6_k", "q8_0"), ("q4_k", "q4_0")])
+def test_two_parts_of_different_formats_in_one_call(formats, T, dots):
+    """The GGUF loader stacks q|k of one format, so a Q4_K_M layer's q/k/v are two parts: decode
+    runs them in one call (linear_quant.gemv_pair), each part's x rounded for its own format."""
+    rng = np.random.default_rng(6)
+    parts = (random_blocks(formats[0], (80,), 256, rng), random_blocks(formats[1], (16,), 256, rng))
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    want = np.concatenate([linear.ref(x, p, dots=dots) for p in parts], axis=1)
+    out = np.full((T, 96), np.nan, np.float32)
+    assert linear.cpu(x, parts, out, dots=dots) is out
+    close(out, want)
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k"])
 def test_embedding_rows_are_the_spec(fmt):
     rng = np.random.default_rng(2)

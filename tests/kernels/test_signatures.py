@@ -91,7 +91,11 @@ def test_wrapper_dry_run(op, dtype, monkeypatch):
     """gpu() on small odd-sized numpy inputs: asserts pass, every argument reaches the launch
     with the declared dtype or exact scalar type, and the geometry is whole warps."""
     launches = []
-    monkeypatch.setattr(_cuda, "kernel", lambda name, entry, defines=(): (name, entry))
+
+    class FakeKernel(tuple):               # (name, entry), with what a device reports of a kernel
+        max_threads_per_block = 1024
+
+    monkeypatch.setattr(_cuda, "kernel", lambda name, entry, defines=(): FakeKernel((name, entry)))
     monkeypatch.setattr(_cuda, "launch", lambda k, grid, block, args, shared_mem=0:
                         launches.append((k, grid, block, args, shared_mem)))
     defaults, _ = cases.OPS[op]
