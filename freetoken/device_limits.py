@@ -63,11 +63,18 @@ def max_threads(entry: str) -> int:
     return min(1024, REGISTERS_PER_BLOCK // block_registers(registers, group) * group)
 
 
+def row_of(file: str, entry: str) -> dict | None:
+    """The table's row of ``entry`` of cuda/``file``; None for a kernel that is not the
+    project's (a test's own, or one of another file with the same name)."""
+    row = table().get(entry)
+    return row if row is not None and row["file"] == file else None
+
+
 def refusal(file: str, entry: str, threads: int, dynamic_smem: int, max_dynamic: int) -> str | None:
     """Why a real device would refuse this launch of ``entry`` (of cuda/``file``), or None; an
     entry the table does not hold (a test's own kernel) is not judged."""
-    row = table().get(entry)
-    if row is None or row["file"] != file:
+    row = row_of(file, entry)
+    if row is None:
         return None
     arch, registers = max(row["registers"].items(), key=lambda kv: kv[1])
     need = block_registers(registers, threads)
