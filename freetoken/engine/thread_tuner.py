@@ -4,16 +4,23 @@ Why: a numba parallel region ends when its slowest thread does. With another pro
 of the two cores, the engine's second thread gets a slice of a shared core and every one of a
 decode step's ~100 regions waits for it: synth:medium decoded at 1-10 tok/s with 2 threads under
 one such process, and 20-28 tok/s with 1 (2-core Xeon, docs/performance.md). So when decode steps
-get SLOWDOWN x slower than they were, the tuner times a few steps with one thread fewer and keeps
-whichever count was faster; while below the full count it tries the full count again every
-RETRY_EVERY steps (the other process may have stopped). A process that starts on a busy box sees
-no slowdown (and no jitter to go by: each step averages ~100 waits), so its first START_STEPS
-steps are followed by one try of as many, whatever they showed: on a quiet box that is three
-slower steps once per process (~0.05 s on medium; under a hog, each step at the wrong count
-costs about a second), and a slowdown is needed for any other. The first WARM_STEPS decode steps
-are not timed: they pay one-time costs (first touches of the weights, kernels compiled at first
-use) that made the start's try report factors up to 600x.
-Every change is one INFO line with both speeds; a try that changes nothing is a DEBUG line.
+get SLOWDOWN x slower than they were, the tuner tries one thread fewer and keeps whichever count
+was faster; while below the full count it tries the full count again every RETRY_EVERY steps (the
+other process may have stopped). A process that starts on a busy box sees no slowdown (and no
+jitter to go by: each step averages ~100 waits), so its first START_STEPS steps are followed by
+one try, whatever they showed: on a quiet box that is a few slower steps once per process (~0.05 s
+on medium; under a hog, each step at the wrong count costs about a second), and a slowdown is
+needed for any other. The first WARM_STEPS decode steps are not timed: they pay one-time costs
+(first touches of the weights, kernels compiled at first use) that made the start's try report
+factors up to 600x.
+
+A try is interleaved: its steps alternate between the tried count and the current one, and the
+two medians are compared. Judging the tried steps against the slow steps that started the try
+kept one thread on a shared VM whose every core slowed for a few steps (another guest's load, not
+a process of this one): the tried steps ran after the slowdown ended and beat the slow ones, and
+the engine then decoded 1.6x slower for RETRY_EVERY steps (EPYC Zen 4 VM, 2026-12-04). Alternate
+steps see the same box. Every change is one INFO line with both speeds; a try that changes nothing
+is a DEBUG line.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from collections import deque
 from statistics import median
 
 WARM_STEPS = 4         # decode steps after start that are not timed (one-time costs)
-PROBE_STEPS = 6        # decode steps timed per try (medians: one preempted step must not decide)
+PROBE_STEPS = 6        # decode steps timed per count in a try (medians: one preempted step must not decide)
 START_STEPS = 3        # the first window and the try after it: short, they run on every start
 SLOWDOWN = 1.5         # recent median step time over the settled one that starts a try
 MARGIN = 1.1           # a try must be this much faster to be kept
@@ -38,7 +45,8 @@ class ThreadTuner:
         self._recent: deque = deque(maxlen=PROBE_STEPS)
         self._batch = 0                          # tokens per step of the steps in _recent
         self._settled: dict[int, float] = {}     # median s/token at self.n, by tokens per step
-        self._trial: tuple | None = None         # (threads tried, their times, median before, steps)
+        self._trial: dict | None = None          # a try: threads tried, steps a side, the count
+                                                 # running, s/token by count
         self._since = 0                          # steps since the last decision
         self._tried_at_start = self.n == 1       # one try after the first window, whatever it showed
         self._warm = WARM_STEPS
@@ -51,7 +59,7 @@ class ThreadTuner:
 
     @property
     def trying(self) -> bool:
-        """A try is under way (the thread count is the tried one, not yet decided)."""
+        """A try is under way (the count alternates between the tried one and self.n)."""
         return self._trial is not None
 
     def observe(self, seconds: float, tokens: int) -> None:
@@ -68,9 +76,7 @@ class ThreadTuner:
                 self._set(self.n)
                 self._trial = None
         if self._trial is not None:
-            self._trial[1].append(per_token)
-            if len(self._trial[1]) >= self._trial[3]:
-                self._decide()
+            self._trial_step(per_token)
             return
         self._recent.append(per_token)
         self._since += 1
@@ -81,30 +87,43 @@ class ThreadTuner:
             self._settled[tokens] = now
             if not self._tried_at_start:           # started on a busy box: nothing to see
                 self._tried_at_start = True
-                self._try(self.n - 1, now, START_STEPS)
+                self._try(self.n - 1, START_STEPS)
         elif self.n > 1 and now > SLOWDOWN * settled:
-            # the window straddles the change: the slow steps are what a try must beat and report
-            self._try(self.n - 1, median([t for t in self._recent if t > SLOWDOWN * settled]))
+            self._try(self.n - 1)
         elif self.n < self.full and self._since >= RETRY_EVERY:
-            self._try(self.full, now)
+            self._try(self.full)
 
-    def _try(self, threads: int, before: float, steps: int = PROBE_STEPS) -> None:
-        self._trial = (threads, [], before, steps)
+    def _try(self, threads: int, steps: int = PROBE_STEPS) -> None:
+        """Start a try: `steps` steps at `threads`, as many at self.n, alternating, tried first."""
+        self._trial = {"threads": threads, "steps": steps, "running": threads,
+                       "times": {threads: [], self.n: []}}
         self._set(threads)
 
-    def _decide(self) -> None:
-        threads, times, before, _ = self._trial
-        tried = median(times)
-        if tried * MARGIN < before:
+    def _trial_step(self, per_token: float) -> None:
+        trial = self._trial
+        times = trial["times"]
+        times[trial["running"]].append(per_token)
+        if min(len(t) for t in times.values()) >= trial["steps"]:
+            self._decide(median(times[trial["threads"]]), median(times[self.n]))
+            return
+        other = self.n if trial["running"] == trial["threads"] else trial["threads"]
+        if len(times[other]) < trial["steps"]:
+            trial["running"] = other
+            self._set(other)
+
+    def _decide(self, tried: float, kept: float) -> None:
+        threads = self._trial["threads"]
+        if tried * MARGIN < kept:
             why = ("another process is using this machine's cores; the full count is retried every "
                    f"{RETRY_EVERY} steps" if threads < self.n else "the cores are free again")
             self._log.info("cpu threads %d -> %d: decode %.2f -> %.2f ms a token, %.1fx faster (%s)",
-                           self.n, threads, before * 1e3, tried * 1e3, before / tried, why)
-            self.n, self._settled = threads, {self._batch: tried}   # other sizes: measured anew
-        else:                               # the next full window at self.n is the new baseline
-            self._log.debug("cpu threads: %d tried, %d kept (%.2f against %.2f ms a token)",
-                            threads, self.n, tried * 1e3, before * 1e3)
-            self._set(self.n)
-            self._settled.pop(self._batch, None)
+                           self.n, threads, kept * 1e3, tried * 1e3, kept / tried, why)
+            self.n = threads
+            self._settled = {self._batch: tried}    # other sizes: measured anew
+        else:
+            self._log.debug("cpu threads: %d tried, %d kept (%.2f against %.2f ms a token, "
+                            "alternate steps)", threads, self.n, tried * 1e3, kept * 1e3)
+            self._settled[self._batch] = kept       # the box's speed now, measured at self.n
+        self._set(self.n)
         self._trial, self._since = None, 0
         self._recent.clear()
