@@ -41,6 +41,9 @@ class Ops:
     gated_rms_norm: Callable
     sigmoid_mul: Callable
     gdn_rule: Callable
+    # the attention half of a Qwen3-MoE decode layer in one call (kernels/decode_layer.py), or None
+    # where the model composes the ops (ref, cuda); it returns None for a step it does not take
+    decode_layer: Callable | None = None
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
@@ -126,10 +129,11 @@ def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
     return call
 
 
-def get_ops(name: str, *, cpu_dots: str = "f32") -> Ops:
+def get_ops(name: str, *, cpu_dots: str = "f32", fused_decode: bool = True) -> Ops:
     """The ops of backend `name`. cpu_dots: how the numpy backends' linear and experts ops dot
     quantized weights (kernels/qact.py: "int8" rounds activations to 8 bits per 32 values for the
-    formats with int8 dots; "f32" multiplies by them as they are); CUDA computes in fp32."""
+    formats with int8 dots; "f32" multiplies by them as they are); CUDA computes in fp32.
+    fused_decode: the cpu backend's decode_layer (same results; False composes the ops)."""
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; expected {' | '.join(BACKENDS)}")
     modules = {op: importlib.import_module(f"freetoken.kernels.{op}") for op in OP_NAMES}
@@ -146,4 +150,7 @@ def get_ops(name: str, *, cpu_dots: str = "f32") -> Ops:
         if cpu_dots not in DOTS:
             raise BackendError(f"unknown cpu_dots {cpu_dots!r}; expected {' | '.join(DOTS)}")
         ops.update({op: functools.partial(ops[op], dots=cpu_dots) for op in ("linear", "experts")})
+    if name == "cpu" and fused_decode:
+        from freetoken.kernels import decode_layer
+        ops["decode_layer"] = functools.partial(decode_layer.cpu, dots=cpu_dots)
     return Ops(name=name, xp=xp, **ops)

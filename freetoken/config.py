@@ -163,6 +163,9 @@ class EngineConfig:
         "--no-moe-prefill-overlap loads each layer in turn)")
     cuda_graph: bool = _flag(True, "replay decode steps as captured CUDA graphs (--no-cuda-graph: run "
                                    "decode eagerly)")
+    cpu_decode_layer: bool = _flag(
+        True, "cpu backend: run the attention half of a decode step's layer in one numba call "
+        "(--no-cpu-decode-layer calls each op from Python: the same results, slower)")
     thread_tuning: bool = _flag(
         True, "cpu backend: when decode slows down (e.g. another process busy on a core) try one "
         "thread fewer and keep it while faster (--no-thread-tuning keeps every compute thread)")

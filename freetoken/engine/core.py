@@ -55,7 +55,7 @@ class EngineCore:
         self.facts = after_loading(facts, self.weights, cfg.moe_layers)
         self.plan = make_plan(cfg, config, self.facts)
         self.max_model_len = self.plan.context_len      # a resize never changes it
-        self.ops = get_ops(self.plan.compute, cpu_dots=config.cpu_dots)
+        self.ops = get_ops(self.plan.compute, cpu_dots=config.cpu_dots, fused_decode=config.cpu_decode_layer)
         self.weights = build.place_weights(self.ops, self.weights)
         self.moe = self._make_moe()                # plans again if pinning the host pool failed
         _log_plan(self.plan)

@@ -34,10 +34,23 @@ class Qwen3Moe:
         ops = self.ops
         x = ops.embedding(batch.ids, self.w.embed)                       # [T, H]
         for layer, lw in enumerate(self.w.layers):
-            x = x + self._attention(layer, lw, ops.rms_norm(x, lw.input_norm, self.cfg.rms_norm_eps), batch)
-            x = x + self._mlp(layer, lw, ops.rms_norm(x, lw.post_norm, self.cfg.rms_norm_eps), batch)
+            x, h = self._attention_half(layer, lw, x, batch)
+            x = x + self._mlp(layer, lw, h, batch)
         last = ops.rms_norm(x[batch.last_index], self.w.final_norm, self.cfg.rms_norm_eps)  # [B, H]
         return ops.linear(last, self.w.lm_head)                          # [B, V]
+
+    def _attention_half(self, layer: int, lw, x, batch: ForwardBatch):
+        """(x + attention, its post-attention norm): ops.decode_layer's one call where the backend
+        has one and takes the step (x updated in place), else composed from the ops."""
+        ops, cfg = self.ops, self.cfg
+        if ops.decode_layer is not None:
+            k_cache, v_cache = self.kv.layer(layer)
+            h = ops.decode_layer(x, lw, k_cache, v_cache, batch, self.inv_freq, cfg.rms_norm_eps, self.scale,
+                                 (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+            if h is not None:
+                return x, h
+        x = x + self._attention(layer, lw, ops.rms_norm(x, lw.input_norm, cfg.rms_norm_eps), batch)
+        return x, ops.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
 
     def _attention(self, layer: int, lw, h, batch: ForwardBatch):
         cfg, ops = self.cfg, self.ops

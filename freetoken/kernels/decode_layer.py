@@ -1,0 +1,204 @@
+"""The attention half of a Qwen3-MoE layer at a decode step, in one numba call (cpu backend):
+input RMSNorm, q/k/v, the per-head q/k norms, RoPE, the KV write, decode attention, o_proj, the
+residual add and the post-attention RMSNorm. Spec: the same composition of ops (Qwen3Moe's
+attention, models/qwen3_moe.py); this calls the very kernels the cpu ops call, in the same order
+on the same arrays, so its result is the composition's bit for bit
+(tests/kernels/test_decode_layer.py).
+
+Why: at batch 1 each op is a numba call plus its Python wrapper, ~15 of them a layer; on the
+2-core Zen 4 VM a step of synth:tiny,layers=12 (ops of no size) took 1.3 ms, a fifth of a
+Q4_K_M medium step (docs/performance.md, "where the decode-at-64 gap is"). One call a layer keeps
+the kernels and drops the Python between them.
+
+Taken only where the cpu ops would run these kernels: a decode step (no sequence computes more
+than one token) of fewer than FUSED_MAX_T tokens, so every linear is a row GEMV (not BLAS or the
+tile GEMM), with q/k/v either one array or two quantized parts (a GGUF q|k and v). Anything else
+returns None and the model composes the ops.
+
+Shape legend: T step tokens, H hidden, Hq/G query/kv heads, D head dim, N KV slots, B sequences,
+C positions a sequence row.
+"""
+import weakref
+
+import numpy as np
+
+from freetoken.kernels import linear as _linear_op
+from freetoken.kernels import linear_quant
+from freetoken.kernels.linear_quant import _gemv as _qgemv, _gemv_pair as _qgemv_pair
+from freetoken.kernels._blas_pool import workers
+from freetoken.kernels._numba import SERIAL, njit, weight_rows
+from freetoken.kernels.attention_decode import chunking, merge, partials
+from freetoken.kernels.attention import _first_bad_sequence
+from freetoken.kernels.kv_write import _write
+from freetoken.kernels.linear import _gemv, _gemv_pairs
+from freetoken.kernels.qact import wants_int8
+from freetoken.kernels.qformats import format_of, is_quantized
+from freetoken.kernels.rms_norm import _rms_norm
+from freetoken.kernels.rope import _rope_few
+
+FUSED_MAX_T = min(linear_quant.GEMM_MIN_T, _linear_op.BLAS_MIN_T)   # tokens below which linears are GEMVs
+OK, BAD_KV_SLOT, BAD_TOKEN, BAD_SEQUENCE = 0, 1, 2, 3                 # the kernel's status
+
+
+@njit(**SERIAL)
+def _split_pairs(x):
+    """x f32[T,K] -> f32[T,2,K/2], the activation layout of bf16-pair rows (_numba.split_x)."""
+    T, K = x.shape
+    xs = np.empty((T, 2, K // 2), np.float32)
+    for t in range(T):
+        for i in range(K // 2):
+            xs[t, 0, i] = x[t, 2 * i]
+            xs[t, 1, i] = x[t, 2 * i + 1]
+    return xs
+
+
+@njit(**SERIAL)
+def _gemv_into(x, q0, c0, i0, q1, c1, i1, rows, plain, out):
+    """linear.cpu's GEMV for few tokens. Of the weight slots the unused are None (numba drops the
+    branches of a None argument): q0 alone a quantized array, q0 and q1 two quantized parts, rows
+    bf16-pair rows u32[M,K/2], plain f32 or odd bf16 rows."""
+    toks = np.arange(x.shape[0]).astype(np.int32)
+    if q0 is not None:
+        if q1 is not None:
+            _qgemv_pair(x, q0, c0, i0, q1, c1, i1, out)
+        else:
+            _qgemv(x, q0, c0, i0, out)
+    if rows is not None:
+        _gemv_pairs(_split_pairs(x), rows, toks, out)
+    if plain is not None:
+        _gemv(x.reshape(x.shape[0], 1, x.shape[1]), plain, toks, out)
+
+
+@njit(**SERIAL)
+def _linear_into(x, w, out):
+    """_gemv_into with the slots as one tuple w (weight_slots): (q0, code0, int8_0, q1, code1,
+    int8_1, rows, plain)."""
+    _gemv_into(x, w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], out)
+
+
+@njit(**SERIAL)
+def _heads(qkv, q_norm, k_norm, eps, positions, inv_freq, Hq, G, D):
+    """q f32[T,Hq,D], k, v f32[T,G,D] of qkv f32[T,(Hq+2G)*D]: q and k normed per head and
+    rotated (Qwen3Moe._head_norm, then rope), v as it is."""
+    T = qkv.shape[0]
+    q = np.ascontiguousarray(qkv[:, :Hq * D]).reshape(T * Hq, D)
+    k = np.ascontiguousarray(qkv[:, Hq * D:(Hq + G) * D]).reshape(T * G, D)
+    v = np.ascontiguousarray(qkv[:, (Hq + G) * D:]).reshape(T, G, D)
+    qn, kn = np.empty_like(q), np.empty_like(k)
+    _rms_norm(q, q_norm, eps, qn)
+    _rms_norm(k, k_norm, eps, kn)
+    qr, kr = np.empty((T, Hq, D), np.float32), np.empty((T, G, D), np.float32)
+    _rope_few(qn.reshape(T, Hq, D), positions, inv_freq, qr)
+    _rope_few(kn.reshape(T, G, D), positions, inv_freq, kr)
+    return qr, kr, v
+
+
+@njit(**SERIAL)
+def _attention_half(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, inv_freq,
+                    k_cache, v_cache, slots, slot_table, tok_seq, scale, chunks, h_out):
+    """x f32[T,H] += o_proj(attention(...)); h_out = post-norm of the sum. norms: (input,
+    post); dims (Hq, G, D); chunks (CH, nch) of attention_decode.chunking. Returns (status,
+    index): OK, or where the step is bad (nothing written to x then)."""
+    Hq, G, D = dims
+    T = x.shape[0]
+    seq = _first_bad_sequence(slot_table, tok_seq, positions, k_cache.shape[0])
+    if seq != -1:
+        return (BAD_TOKEN, 0) if seq == -2 else (BAD_SEQUENCE, seq)
+    h = np.empty_like(x)
+    _rms_norm(x, norms[0], eps, h)
+    qkv = np.empty((T, (Hq + 2 * G) * D), np.float32)
+    _linear_into(h, qkv_w, qkv)
+    q, k, v = _heads(qkv, q_norm, k_norm, eps, positions, inv_freq, Hq, G, D)
+    bad = _write(k, v, k_cache, v_cache, slots)
+    if bad >= 0:
+        return BAD_KV_SLOT, bad
+    CH, nch = chunks
+    acc = np.empty((T, nch, G, Hq // G, D), np.float32)
+    ml = np.empty((T, nch, G, Hq // G, 2), np.float32)
+    partials(q, k_cache, v_cache, slot_table, tok_seq, positions, scale, CH, acc, ml)
+    a = np.empty((T, Hq, D), np.float32)
+    merge(acc, ml, a)
+    o = np.empty_like(x)
+    _linear_into(a.reshape(T, Hq * D), o_w, o)
+    for t in range(T):
+        for i in range(x.shape[1]):
+            x[t, i] = x[t, i] + o[t, i]
+    _rms_norm(x, norms[1], eps, h_out)
+    return OK, 0
+
+
+# ---- the Python side: what the kernel is given, once a step and once a weight -----------------
+
+_kinds: dict = {}           # id(weight array, or a tuple's first part) -> (its weakref, dots, kind)
+_step_seen: list = [None, None]               # the last step's batch and its arrays
+
+
+def weight_slots(w, dots):
+    """_linear_into's slots for weight w (an array, or a tuple of parts) under ``dots``, or None
+    when the cpu ops would not run it as one row GEMV call. What kind of weight w is (the format
+    lookups: microseconds a call) is kept per array while the array lives."""
+    key = w[0] if isinstance(w, tuple) else w
+    hit = _kinds.get(id(key))
+    if hit is None or hit[0]() is not key or hit[1] != dots:
+        hit = (weakref.ref(key, lambda _, k=id(key): _kinds.pop(k, None)), dots, _kind_of(w, dots))
+        _kinds[id(key)] = hit
+    kind = hit[2]
+    if kind is None or (kind[0] == "pair") != isinstance(w, tuple):
+        return None
+    if kind[0] == "pair":
+        return (np.ascontiguousarray(w[0]), kind[1], kind[2], np.ascontiguousarray(w[1]), kind[3], kind[4],
+                None, None)
+    if kind[0] == "blocks":
+        return np.ascontiguousarray(w), kind[1], kind[2], None, 0, False, None, None
+    rows = weight_rows(np.ascontiguousarray(w))
+    return (None, 0, False, None, 0, False) + ((rows, None) if rows.dtype == np.uint32 else (None, rows))
+
+
+def _kind_of(w, dots):
+    """("pair", code0, int8_0, code1, int8_1) | ("blocks", code, int8) | ("dense",) | None."""
+    if isinstance(w, tuple):
+        if len(w) != 2 or not all(map(is_quantized, w)):
+            return None
+        return ("pair", format_of(w[0]).code, wants_int8(w[0], dots), format_of(w[1]).code, wants_int8(w[1], dots))
+    if is_quantized(w):
+        return "blocks", format_of(w).code, wants_int8(w, dots)
+    return ("dense",)
+
+
+def step_arrays(batch, threads):
+    """(positions, slots, slot_table, tok_seq, chunks) of a decode step, made once a step (every
+    layer reads the same)."""
+    if _step_seen[0] is batch:
+        return _step_seen[1]
+    positions = np.ascontiguousarray(batch.positions, np.int32)
+    chunks = chunking(positions.shape[0], int(positions.max()) + 1, threads)
+    arrays = (positions, np.ascontiguousarray(batch.slots, np.int32),
+              np.ascontiguousarray(batch.slot_table, np.int32), np.ascontiguousarray(batch.tok_seq, np.int32),
+              chunks)
+    _step_seen[:] = [batch, arrays]
+    return arrays
+
+
+def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, *, dots="f32"):
+    """The attention half of layer weights lw at decode step `batch`: x f32[T,H] gets the
+    attention output added in place; returns rms_norm(x, lw.post_norm), or None when the step or
+    the weights are not this kernel's (see the module doc) and the caller composes the ops."""
+    T = x.shape[0]
+    if (batch.prefill or T == 0 or T >= FUSED_MAX_T or k_cache.dtype != v_cache.dtype
+            or x.dtype != np.float32 or not x.flags.c_contiguous):
+        return None
+    qkv_w, o_w = weight_slots(lw.qkv, dots), weight_slots(lw.o_proj, dots)
+    if qkv_w is None or o_w is None:
+        return None
+    positions, slots, slot_table, tok_seq, chunks = step_arrays(batch, workers())
+    h = np.empty_like(x)
+    status, where = _attention_half(
+        x, (lw.input_norm, lw.post_norm), np.float32(eps), qkv_w, o_w, lw.q_norm, lw.k_norm, dims,
+        positions, inv_freq, k_cache, v_cache, slots, slot_table, tok_seq, np.float32(scale), chunks, h)
+    if status == BAD_TOKEN:
+        raise IndexError("attention: tok_seq or tok_pos outside slot_table")
+    if status == BAD_SEQUENCE:
+        raise IndexError(f"attention: sequence {where} reads a slot outside [0, {k_cache.shape[0]})")
+    if status == BAD_KV_SLOT:
+        raise IndexError(f"kv_write: slot {int(slots[where])} out of range [0, {k_cache.shape[0]})")
+    return h
