@@ -1,7 +1,7 @@
 """The attention half of a Qwen3-MoE layer at a decode step, in one numba call (cpu backend):
 input RMSNorm, q/k/v, the per-head q/k norms, RoPE, the KV write, decode attention, o_proj, the
-residual add and the post-attention RMSNorm. Spec: the same composition of ops (Qwen3Moe's
-attention, models/qwen3_moe.py); this calls the very kernels the cpu ops call, in the same order
+residual add, the post-attention RMSNorm, and the router (its linear and top-k) on that norm.
+Spec: the same composition of ops (Qwen3Moe's attention and router, models/qwen3_moe.py); this calls the very kernels the cpu ops call, in the same order
 on the same arrays, so its result is the composition's bit for bit
 (tests/kernels/test_decode_layer.py).
 
@@ -35,6 +35,7 @@ from freetoken.kernels.qact import wants_int8
 from freetoken.kernels.qformats import format_of, is_quantized
 from freetoken.kernels.rms_norm import _rms_norm
 from freetoken.kernels.rope import _rope_few
+from freetoken.kernels.router import _route
 
 FUSED_MAX_T = min(linear_quant.GEMM_MIN_T, _linear_op.BLAS_MIN_T)   # tokens below which linears are GEMVs
 OK, BAD_KV_SLOT, BAD_TOKEN, BAD_SEQUENCE = 0, 1, 2, 3                 # the kernel's status
@@ -94,36 +95,51 @@ def _heads(qkv, q_norm, k_norm, eps, positions, inv_freq, Hq, G, D):
 
 
 @njit(**SERIAL)
-def _attention_half(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, inv_freq,
-                    k_cache, v_cache, slots, slot_table, tok_seq, scale, chunks, h_out):
-    """x f32[T,H] += o_proj(attention(...)); h_out = post-norm of the sum. norms: (input,
-    post); dims (Hq, G, D); chunks (CH, nch) of attention_decode.chunking. Returns (status,
-    index): OK, or where the step is bad (nothing written to x then)."""
+def _attend(h, qkv_w, q_norm, k_norm, eps, dims, positions, inv_freq, k_cache, v_cache, slots, slot_table,
+            tok_seq, scale, chunks):
+    """(a f32[T,Hq*D], bad): attention over the KV cache of the normed h, its k and v written
+    first; bad is the KV write's first bad slot (-1: none; then nothing was written)."""
     Hq, G, D = dims
-    T = x.shape[0]
+    T = h.shape[0]
+    qkv = np.empty((T, (Hq + 2 * G) * D), np.float32)
+    _linear_into(h, qkv_w, qkv)
+    q, k, v = _heads(qkv, q_norm, k_norm, eps, positions, inv_freq, Hq, G, D)
+    a = np.empty((T, Hq, D), np.float32)
+    bad = _write(k, v, k_cache, v_cache, slots)
+    if bad < 0:
+        CH, nch = chunks
+        acc = np.empty((T, nch, G, Hq // G, D), np.float32)
+        ml = np.empty((T, nch, G, Hq // G, 2), np.float32)
+        partials(q, k_cache, v_cache, slot_table, tok_seq, positions, scale, CH, acc, ml)
+        merge(acc, ml, a)
+    return a.reshape(T, Hq * D), bad
+
+
+@njit(**SERIAL)
+def _attention_half(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, inv_freq, k_cache, v_cache,
+                    slots, slot_table, tok_seq, scale, chunks, h_out, router_w, norm_topk, logits, ids, weights):
+    """x f32[T,H] += o_proj(attention(...)); h_out = post-norm of the sum; with router_w (None
+    for a layer whose routing is composed) its logits f32[T,E] and the route into ids, weights
+    [T,k]. norms: (input, post); dims (Hq, G, D); chunks (CH, nch) of attention_decode.chunking.
+    Returns (status, index): OK, or where the step is bad (nothing written to x then)."""
     seq = _first_bad_sequence(slot_table, tok_seq, positions, k_cache.shape[0])
     if seq != -1:
         return (BAD_TOKEN, 0) if seq == -2 else (BAD_SEQUENCE, seq)
     h = np.empty_like(x)
     _rms_norm(x, norms[0], eps, h)
-    qkv = np.empty((T, (Hq + 2 * G) * D), np.float32)
-    _linear_into(h, qkv_w, qkv)
-    q, k, v = _heads(qkv, q_norm, k_norm, eps, positions, inv_freq, Hq, G, D)
-    bad = _write(k, v, k_cache, v_cache, slots)
+    a, bad = _attend(h, qkv_w, q_norm, k_norm, eps, dims, positions, inv_freq, k_cache, v_cache, slots,
+                     slot_table, tok_seq, scale, chunks)
     if bad >= 0:
         return BAD_KV_SLOT, bad
-    CH, nch = chunks
-    acc = np.empty((T, nch, G, Hq // G, D), np.float32)
-    ml = np.empty((T, nch, G, Hq // G, 2), np.float32)
-    partials(q, k_cache, v_cache, slot_table, tok_seq, positions, scale, CH, acc, ml)
-    a = np.empty((T, Hq, D), np.float32)
-    merge(acc, ml, a)
     o = np.empty_like(x)
-    _linear_into(a.reshape(T, Hq * D), o_w, o)
-    for t in range(T):
+    _linear_into(a, o_w, o)
+    for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             x[t, i] = x[t, i] + o[t, i]
     _rms_norm(x, norms[1], eps, h_out)
+    if router_w is not None:
+        _linear_into(h_out, router_w, logits)
+        _route(logits, ids.shape[1], norm_topk, ids, weights)
     return OK, 0
 
 
@@ -179,10 +195,12 @@ def step_arrays(batch, threads):
     return arrays
 
 
-def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, *, dots="f32"):
+def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, route=None, *, dots="f32"):
     """The attention half of layer weights lw at decode step `batch`: x f32[T,H] gets the
-    attention output added in place; returns rms_norm(x, lw.post_norm), or None when the step or
-    the weights are not this kernel's (see the module doc) and the caller composes the ops."""
+    attention output added in place; returns (h, routing): h = rms_norm(x, lw.post_norm), routing
+    (ids int32[T,k], weights f32[T,k]) of lw.router for route = (k, norm_topk_prob), or None
+    (no route asked, a dense layer). None instead when the step or the weights are not this
+    kernel's (see the module doc) and the caller composes the ops."""
     T = x.shape[0]
     if (batch.prefill or T == 0 or T >= FUSED_MAX_T or k_cache.dtype != v_cache.dtype
             or x.dtype != np.float32 or not x.flags.c_contiguous):
@@ -190,15 +208,25 @@ def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, *, dots="f32
     qkv_w, o_w = weight_slots(lw.qkv, dots), weight_slots(lw.o_proj, dots)
     if qkv_w is None or o_w is None:
         return None
+    router_w = None if route is None or lw.router is None else weight_slots(lw.router, dots)
+    routing = (None, None, None) if router_w is None else (
+        np.empty((T, lw.router.shape[0]), np.float32), np.empty((T, route[0]), np.int32),
+        np.empty((T, route[0]), np.float32))
     positions, slots, slot_table, tok_seq, chunks = step_arrays(batch, workers())
     h = np.empty_like(x)
     status, where = _attention_half(
         x, (lw.input_norm, lw.post_norm), np.float32(eps), qkv_w, o_w, lw.q_norm, lw.k_norm, dims,
-        positions, inv_freq, k_cache, v_cache, slots, slot_table, tok_seq, np.float32(scale), chunks, h)
+        positions, inv_freq, k_cache, v_cache, slots, slot_table, tok_seq, np.float32(scale), chunks, h,
+        router_w, bool(route[1]) if route else False, *routing)
+    _raise_for(status, where, slots, k_cache.shape[0])
+    return h, (None if router_w is None else routing[1:])
+
+
+def _raise_for(status, where, slots, n_slots):
+    """The errors the composed ops raise for the same bad step."""
     if status == BAD_TOKEN:
         raise IndexError("attention: tok_seq or tok_pos outside slot_table")
     if status == BAD_SEQUENCE:
-        raise IndexError(f"attention: sequence {where} reads a slot outside [0, {k_cache.shape[0]})")
+        raise IndexError(f"attention: sequence {where} reads a slot outside [0, {n_slots})")
     if status == BAD_KV_SLOT:
-        raise IndexError(f"kv_write: slot {int(slots[where])} out of range [0, {k_cache.shape[0]})")
-    return h
+        raise IndexError(f"kv_write: slot {int(slots[where])} out of range [0, {n_slots})")

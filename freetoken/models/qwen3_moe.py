@@ -34,23 +34,25 @@ class Qwen3Moe:
         ops = self.ops
         x = ops.embedding(batch.ids, self.w.embed)                       # [T, H]
         for layer, lw in enumerate(self.w.layers):
-            x, h = self._attention_half(layer, lw, x, batch)
-            x = x + self._mlp(layer, lw, h, batch)
+            x, h, routing = self._attention_half(layer, lw, x, batch)
+            x = x + self._mlp(layer, lw, h, batch, routing)
         last = ops.rms_norm(x[batch.last_index], self.w.final_norm, self.cfg.rms_norm_eps)  # [B, H]
         return ops.linear(last, self.w.lm_head)                          # [B, V]
 
     def _attention_half(self, layer: int, lw, x, batch: ForwardBatch):
-        """(x + attention, its post-attention norm): ops.decode_layer's one call where the backend
-        has one and takes the step (x updated in place), else composed from the ops."""
+        """(x + attention, its post-attention norm h, the router's (ids, weights) of h or None):
+        ops.decode_layer's one call where the backend has one and takes the step (x updated in
+        place), else composed from the ops."""
         ops, cfg = self.ops, self.cfg
         if ops.decode_layer is not None:
             k_cache, v_cache = self.kv.layer(layer)
-            h = ops.decode_layer(x, lw, k_cache, v_cache, batch, self.inv_freq, cfg.rms_norm_eps, self.scale,
-                                 (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
-            if h is not None:
-                return x, h
+            fused = ops.decode_layer(x, lw, k_cache, v_cache, batch, self.inv_freq, cfg.rms_norm_eps, self.scale,
+                                     (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+                                     (cfg.num_experts_per_tok, cfg.norm_topk_prob))
+            if fused is not None:
+                return x, *fused
         x = x + self._attention(layer, lw, ops.rms_norm(x, lw.input_norm, cfg.rms_norm_eps), batch)
-        return x, ops.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+        return x, ops.rms_norm(x, lw.post_norm, cfg.rms_norm_eps), None
 
     def _attention(self, layer: int, lw, h, batch: ForwardBatch):
         cfg, ops = self.cfg, self.ops
@@ -73,12 +75,13 @@ class Qwen3Moe:
         x = self.ops.xp.ascontiguousarray(x).reshape(T * heads, D)
         return self.ops.rms_norm(x, w, self.cfg.rms_norm_eps).reshape(T, heads, D)
 
-    def _mlp(self, layer: int, lw, h, batch: ForwardBatch):
+    def _mlp(self, layer: int, lw, h, batch: ForwardBatch, routing=None):
+        """routing: the router's (ids, weights) of h when computed already (ops.decode_layer)."""
         ops, cfg = self.ops, self.cfg
         if lw.router is None:   # dense SwiGLU layer: one "expert" with weight 1
             T = h.shape[0]
             ids = ops.xp.zeros((T, 1), dtype=np.int32)
             weights = ops.xp.ones((T, 1), dtype=np.float32)
             return ops.experts(h, ids, weights, lw.gate_up, lw.down)
-        ids, weights = ops.router(ops.linear(h, lw.router), cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        ids, weights = routing or ops.router(ops.linear(h, lw.router), cfg.num_experts_per_tok, cfg.norm_topk_prob)
         return self.moe.forward(self.moe_index[layer], h, ids, weights, batch.prefill)
