@@ -146,7 +146,8 @@ def _attention_half(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, 
 # ---- the Python side: what the kernel is given, once a step and once a weight -----------------
 
 _kinds: dict = {}           # id(weight array, or a tuple's first part) -> (its weakref, dots, kind)
-_step_seen: list = [None, None]               # the last step's batch and its arrays
+_last_step: list = [(None, 0, None)]    # (the last step's batch, its thread count, its arrays): one
+                                        # tuple, read and replaced whole
 
 
 def weight_slots(w, dots):
@@ -182,16 +183,17 @@ def _kind_of(w, dots):
 
 
 def step_arrays(batch, threads):
-    """(positions, slots, slot_table, tok_seq, chunks) of a decode step, made once a step (every
-    layer reads the same)."""
-    if _step_seen[0] is batch:
-        return _step_seen[1]
+    """(positions, slots, slot_table, tok_seq, chunks) of a decode step at `threads` compute
+    threads, made once a step (every layer reads the same)."""
+    seen_batch, seen_threads, seen = _last_step[0]
+    if seen_batch is batch and seen_threads == threads:
+        return seen
     positions = np.ascontiguousarray(batch.positions, np.int32)
     chunks = chunking(positions.shape[0], int(positions.max()) + 1, threads)
     arrays = (positions, np.ascontiguousarray(batch.slots, np.int32),
               np.ascontiguousarray(batch.slot_table, np.int32), np.ascontiguousarray(batch.tok_seq, np.int32),
               chunks)
-    _step_seen[:] = [batch, arrays]
+    _last_step[0] = (batch, threads, arrays)
     return arrays
 
 

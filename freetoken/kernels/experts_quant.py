@@ -21,7 +21,7 @@ import numpy as np
 from freetoken.kernels._activations import silu
 from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qact import dot_token, idot_blocks, prepared, quantize, wants_int8
+from freetoken.kernels.qact import prepared, quantize, rows_dot_tokens, wants_int8
 from freetoken.kernels.qformats import format_of
 
 ROWS = 32            # rows per parallel work item, as in experts.py
@@ -30,34 +30,6 @@ GEMM_MIN_PAIRS = 6   # routed tokens per expert (mean) from which the tile GEMM 
                      # time 0.62 at 2 tokens an expert, 1.00 at 4, 1.59 at 8, 2.18 at 16
 PASS_PAIRS = 4096    # routed pairs per GEMM pass: bounds h [pairs, 2I] and the tiles (a prefill
                      # chunk of 8192 tokens, top-8, would otherwise hold 65536 rows of each)
-
-
-@njit(inline="always", **SERIAL)
-def _expert_rows(w, code, int8, xa, toks, p0, p1, r0, r1, out, by_row):
-    """Rows r0..r1-1 of one expert w [R, K/V, B] against pairs p0..p1-1, pair p reading token
-    toks[p] of xa (prepared): out[p, r], or out[r, p] when by_row. With int8 dots a pair's
-    rounded blocks (three array views) are taken once for all the rows: taken per row, as
-    dot_token does, the decode calls ran 4-12% slower (T=1, 64 experts top 8, Zen 4); otherwise
-    each row is read once for all pairs."""
-    if int8:
-        for p in range(p0, p1):
-            t = toks[p]
-            xq, xd, xs = xa[1][t], xa[2][t], xa[3][t]
-            for r in range(r0, r1):
-                v = idot_blocks(w[r], code, xq, xd, xs)
-                if by_row:
-                    out[r, p] = v
-                else:
-                    out[p, r] = v
-    else:
-        for r in range(r0, r1):
-            row = w[r]
-            for p in range(p0, p1):
-                v = dot_token(row, code, xa, toks[p], int8)
-                if by_row:
-                    out[r, p] = v
-                else:
-                    out[p, r] = v
 
 
 @njit(**HOT)
@@ -70,7 +42,7 @@ def _gate_up(x, gu, code, int8, uniq, offs, ptok, h):
     nib = (R + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nib):
         u, r0 = item // nib, (item % nib) * ROWS
-        _expert_rows(gu[uniq[u]], code, int8, xa, ptok, offs[u], offs[u + 1], r0, min(r0 + ROWS, R), h, False)
+        rows_dot_tokens(gu[uniq[u]], code, int8, xa, ptok, offs[u], offs[u + 1], r0, min(r0 + ROWS, R), h, False)
 
 
 @njit(**SERIAL)
@@ -93,7 +65,7 @@ def _down(act, dn, code, int8, uniq, offs, y):
     pairs = np.arange(act.shape[0])                  # pair p reads its own activation row
     for item in prange(uniq.shape[0] * nhb):
         u, h0 = item // nhb, (item % nhb) * ROWS
-        _expert_rows(dn[uniq[u]], code, int8, aa, pairs, offs[u], offs[u + 1], h0, min(h0 + ROWS, H), y, True)
+        rows_dot_tokens(dn[uniq[u]], code, int8, aa, pairs, offs[u], offs[u + 1], h0, min(h0 + ROWS, H), y, True)
 
 
 @njit(**SERIAL)

@@ -12,7 +12,7 @@ import numpy as np
 
 from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qact import dot_token, idot_blocks, prepared, quantize, wants_int8
+from freetoken.kernels.qact import prepared, quantize, rows_dot_tokens, wants_int8
 from freetoken.kernels.qblocks import dequant_row
 from freetoken.kernels.qformats import format_of
 
@@ -21,34 +21,15 @@ GEMM_MIN_T = 8       # tokens from which the tile GEMM beats the GEMV (q4_k 1024
                      # Xeon, GEMV / GEMM time: 0.62 at 4 tokens, 1.21 at 8, 1.95 at 16)
 
 
-@njit(inline="always", **SERIAL)
-def _rows_into(w, code, int8, xa, m0, m1, col, out):
-    """out[t, col + m] = row m . token t for rows m0..m1-1 and every token of xa (prepared).
-    With int8 dots a token's rounded blocks (three array views) are taken once for all the rows:
-    taken per row, as dot_token does, they cost the short rows of a decode step measurably (the
-    expert GEMVs, which do the same, ran 4-12% slower that way on Zen 4); otherwise each row is
-    read once for all tokens."""
-    T = xa[0].shape[0]
-    if int8:
-        for t in range(T):
-            xq, xd, xs = xa[1][t], xa[2][t], xa[3][t]
-            for m in range(m0, m1):
-                out[t, col + m] = idot_blocks(w[m], code, xq, xd, xs)
-    else:
-        for m in range(m0, m1):
-            row = w[m]
-            for t in range(T):
-                out[t, col + m] = dot_token(row, code, xa, t, int8)
-
-
 @njit(**HOT)
 def _gemv(x, w, code, int8, out):
     """out[t, m] = row m . x[t] (rounded first when int8), in work items of ROWS rows
-    (_rows_into: a few tokens re-read an item's rows from L1)."""
+    (qact.rows_dot_tokens: a few tokens re-read an item's rows from L1)."""
     xa = prepared(x, code, int8)
-    M = w.shape[0]
+    M, T = w.shape[0], x.shape[0]
+    toks = np.arange(T)
     for item in prange((M + ROWS - 1) // ROWS):
-        _rows_into(w, code, int8, xa, item * ROWS, min(item * ROWS + ROWS, M), 0, out)
+        rows_dot_tokens(w, code, int8, xa, toks, 0, T, item * ROWS, min(item * ROWS + ROWS, M), out, False)
 
 
 @njit(**HOT)
@@ -56,11 +37,12 @@ def _gemv_pair(x, w0, c0, int8_0, w1, c1, int8_1, out):
     """_gemv over two weights of different formats stacked along M (w0's rows first): one call
     a step where there were two, each part's x prepared once."""
     xa0, xa1 = prepared(x, c0, int8_0), prepared(x, c1, int8_1)
-    M0, M1 = w0.shape[0], w1.shape[0]
+    M0, M1, T = w0.shape[0], w1.shape[0], x.shape[0]
+    toks, out1 = np.arange(T), out[:, M0:]
     for item in prange((M0 + ROWS - 1) // ROWS):       # two loops as _gemv's: one format each
-        _rows_into(w0, c0, int8_0, xa0, item * ROWS, min(item * ROWS + ROWS, M0), 0, out)
+        rows_dot_tokens(w0, c0, int8_0, xa0, toks, 0, T, item * ROWS, min(item * ROWS + ROWS, M0), out, False)
     for item in prange((M1 + ROWS - 1) // ROWS):
-        _rows_into(w1, c1, int8_1, xa1, item * ROWS, min(item * ROWS + ROWS, M1), M0, out)
+        rows_dot_tokens(w1, c1, int8_1, xa1, toks, 0, T, item * ROWS, min(item * ROWS + ROWS, M1), out1, False)
 
 
 @njit(**SERIAL)

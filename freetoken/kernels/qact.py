@@ -161,6 +161,34 @@ def dot_token(row, code, xa, t, int8):
     return dot_row(row, code, xa[0][t])
 
 
+@njit(inline="always", **SERIAL)
+def rows_dot_tokens(w, code, int8, xa, toks, p0, p1, r0, r1, out, by_row):
+    """Rows r0..r1-1 of w [R, K/V, B] against p0..p1-1, entry p reading token toks[p] of xa
+    (prepared): out[p, r], or out[r, p] when by_row (the quantized GEMVs' work item). With int8
+    dots an entry's rounded blocks (three array views) are taken once for all the rows: taken per
+    row, as dot_token does, the expert decode calls ran 4-12% slower (T=1, 64 experts top 8, Zen
+    4); otherwise each row is read once for all entries."""
+    if int8:
+        for p in range(p0, p1):
+            t = toks[p]
+            xq, xd, xs = xa[1][t], xa[2][t], xa[3][t]
+            for r in range(r0, r1):
+                v = idot_blocks(w[r], code, xq, xd, xs)
+                if by_row:
+                    out[r, p] = v
+                else:
+                    out[p, r] = v
+    else:
+        for r in range(r0, r1):
+            row = w[r]
+            for p in range(p0, p1):
+                v = dot_token(row, code, xa, toks[p], int8)
+                if by_row:
+                    out[r, p] = v
+                else:
+                    out[p, r] = v
+
+
 # ---- the int8 row dots: a row in its blocks against the rounded x, exact integer sums ---------
 
 @njit(inline="always", **SERIAL)
