@@ -169,6 +169,10 @@ class EngineConfig:
     thread_tuning: bool = _flag(
         True, "cpu backend: when decode slows down (e.g. another process busy on a core) try one "
         "thread fewer and keep it while faster (--no-thread-tuning keeps every compute thread)")
+    host_scratch_reuse: bool = _flag(
+        True, "set glibc malloc (mallopt: 32 MB mmap threshold, 64 MB top pad) so each prompt reuses "
+        "the host scratch pages the last one freed instead of page-faulting new ones; process-wide "
+        "(--no-host-scratch-reuse leaves malloc as the process had it)")
     gpu_memory_gb: float | None = _flag(None, "cap the GPU memory FreeToken may use, in GB (auto: all that is free)",
                                         kind=float)
     seed: int = _flag(0, "default sampling seed for requests that give none")

@@ -48,8 +48,10 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # max_threads_per_block (asked by gdn_rule, answered by the emulated kernel too) (~20 lines);
 # -> 16,050 (2026-12-04): a Qwen3-MoE decode layer's attention half and router in one numba call
 # (kernels/decode_layer.py, ~165 lines: the Python and dispatch between ~17 op calls a layer were
-# ~1 ms of a 6.9 ms step on the medium Q4_K_M file), the thread tuner's alternating tries
-MAX_PACKAGE_LINES = 16_050
+# ~1 ms of a 6.9 ms step on the medium Q4_K_M file), the thread tuner's alternating tries;
+# -> 16,100 (2026-12-04): glibc malloc keeps freed prefill scratch (engine/host_malloc.py, ~30
+# lines: ~32,000 page faults a 512-token prompt of a GGUF file, 10-15% of its prefill on the VM)
+MAX_PACKAGE_LINES = 16_100
 
 
 def _module_name(path: Path) -> str:

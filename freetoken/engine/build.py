@@ -14,6 +14,17 @@ from freetoken.engine.kv_pool import KVPool
 from freetoken.log import logger
 
 
+def prepare_host(ops, config) -> None:
+    """The host side's one-time settings, each logged: which CPU kernels run (every backend but ref
+    runs numba kernels: the MoE's CPU branch) and glibc malloc's reuse of freed scratch."""
+    if ops.name != "ref":
+        from freetoken.kernels._isa import describe
+        logger.info("cpu kernels: %s; quantized weights dotted in %s (--cpu-dots)", describe(), config.cpu_dots)
+    if config.host_scratch_reuse:
+        from freetoken.engine.host_malloc import reuse_freed_scratch
+        reuse_freed_scratch(logger)
+
+
 def place_weights(ops, weights):
     """Non-expert weights go to the backend's device; routed experts stay in host memory (the
     MoE runtime decides where they run). A no-op on the numpy backends."""

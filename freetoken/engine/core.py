@@ -59,10 +59,7 @@ class EngineCore:
         self.weights = build.place_weights(self.ops, self.weights)
         self.moe = self._make_moe()                # plans again if pinning the host pool failed
         _log_plan(self.plan)
-        if self.ops.name != "ref":                # every other backend runs numba kernels (MoE CPU branch)
-            from freetoken.kernels._isa import describe
-            logger.info("cpu kernels: %s; quantized weights dotted in %s (--cpu-dots)", describe(),
-                        self.config.cpu_dots)
+        build.prepare_host(self.ops, config)
         self.states = build.make_states(cfg, self.plan, self.ops.xp)
         self.checkpoints, self._anchors = build.checkpoint_pool(self.plan, config, self.ops, self.tokenizer)
         self._assemble(build.make_kv_pool(cfg, self.plan, self.ops.xp), self.moe)
