@@ -18,6 +18,8 @@ def rows_for(key: str) -> list[tuple[str, str, str, float]]:
         return [("tok_s", f"decode tok/s, {int(n):,} tokens of context", HIGHER, 1.0)]
     if kind == "prefill":
         return [("tok_s", f"prefill tok/s, {int(n):,}-token prompt", HIGHER, 1.0)]
+    if kind == "first-prefill":
+        return [("tok_s", f"first prefill tok/s of a process, {int(n):,}-token prompt", HIGHER, 1.0)]
     if kind == "startup":
         return [("first_byte_s", "start to first output byte, s (warm page cache)", LOWER, 1.0),
                 ("max_rss_bytes", "peak RSS of that run, GB", LOWER, 1e-9)]

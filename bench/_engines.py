@@ -20,6 +20,14 @@ _FT_IDS = ("import json, sys; from freetoken import LLM, SamplingParams; a = jso
            "llm = LLM(a['model'], backend='cpu', max_running_requests=1, moe_cpu_threads=a['threads']); "
            "o = llm.generate(a['text'], SamplingParams(max_tokens=a['n'], temperature=0.0, ignore_eos=True))[0]; "
            "print(json.dumps({'prompt': o.prompt_token_ids, 'out': o.token_ids}))")
+# FreeToken's prefill as llama-bench times its own: after a warm-up prompt of the same length in the
+# same process (the first prompt of a process pays for fresh scratch pages and first calls)
+_FT_WARM_PREFILL = (
+    "import json, sys; from freetoken import LLM, SamplingParams; a = json.loads(sys.argv[1]); "
+    "llm = LLM(a['model'], backend='cpu', max_running_requests=1, moe_cpu_threads=a['threads'], "
+    "max_model_len=a['max_len']); p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True); "
+    "o = [llm.generate(t, p)[0] for t in (a['warm'], a['text'])]; "
+    "print(json.dumps({'tokens': [len(x.prompt_token_ids) for x in o], 'tok_s': o[1].metrics['prefill_tok_s']}))")
 
 
 def _startup_numbers(run) -> dict:
@@ -58,6 +66,18 @@ class FreeTokenRuns:
         return {"tok_s": decode, "max_rss_bytes": run.max_rss_bytes}
 
     def prefill(self, text: str, tokens: int) -> dict:
+        """After a warm-up prompt of as many tokens (text's words reversed: no prefix-cache hit)."""
+        warm = "".join(" " + w for w in reversed(text.split(" ")[1:]))
+        arg = json.dumps({"model": str(self.hf), "threads": self.threads, "max_len": self.max_len,
+                          "warm": warm, "text": text})
+        run = run_child([sys.executable, "-c", _FT_WARM_PREFILL, arg], self.env, self.timeout).check("freetoken prefill")
+        got = json.loads(run.stdout.strip().splitlines()[-1])
+        if got["tokens"] != [tokens, tokens]:
+            raise RuntimeError(f"freetoken prefill: prompts of {got['tokens']} tokens, not {tokens}")
+        return {"tok_s": got["tok_s"], "max_rss_bytes": run.max_rss_bytes}
+
+    def first_prefill(self, text: str, tokens: int) -> dict:
+        """The first prompt of a fresh ``generate`` process."""
         run, prefill, _ = self._run(text, 1, tokens)
         return {"tok_s": prefill, "max_rss_bytes": run.max_rss_bytes}
 
@@ -94,9 +114,9 @@ class LlamaCppRuns:
         cmd = llamacpp.completion_cmd(self.lc, self.gguf, self.threads, text, n, self.max_len, session)
         return cmd + ([] if self.repack else ["--no-repack"])
 
-    def _bench(self, prompt: int, gen: int, depth: int = 0) -> dict:
+    def _bench(self, prompt: int, gen: int, depth: int = 0, warm_up: bool = True) -> dict:
         cmd = llamacpp.bench_cmd(self.lc, self.gguf, self.threads, prompt, gen, depth)
-        cmd += [] if self.repack else ["--repack", 0]
+        cmd += ([] if self.repack else ["--repack", 0]) + ([] if warm_up else ["--no-warmup"])
         run = run_child(cmd, self.env, self.timeout).check("llama-bench")
         self.record = self.record or llamacpp.bench_record(run.stdout)
         return {"tok_s": llamacpp.bench_tok_s(run.stdout), "max_rss_bytes": run.max_rss_bytes}
@@ -106,6 +126,9 @@ class LlamaCppRuns:
 
     def prefill(self, text: str, tokens: int) -> dict:
         return self._bench(tokens, 0)
+
+    def first_prefill(self, text: str, tokens: int) -> dict:
+        return self._bench(tokens, 0, warm_up=False)
 
     def greedy_ids(self, text: str, n: int) -> tuple[list, list]:
         with tempfile.TemporaryDirectory() as tmp:

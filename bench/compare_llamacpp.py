@@ -4,7 +4,7 @@ lines), bench/_child.py (timing), bench/_compare_report.py (table), freetoken/mo
 
     python bench/compare_llamacpp.py [--model DIR | --synth medium] [--quant Q4_K_M] [--llama-cpp BUILD_DIR]
         [--convert-python PY] [--threads 2] [--rounds 3] [--contexts 64,2048,4096] [--decode 64]
-        [--prefill 512,4096] [--hog-contexts 64] [--out bench/results/compare_llamacpp.json]
+        [--prefill 512,4096] [--first-prefill 512] [--hog-contexts 64] [--out bench/results/compare_llamacpp.json]
 
 Model: a HF Qwen3-MoE directory, or synth:SPEC written once as one (``demo-model --synth``) under
 FREETOKEN_HOME/compare_llamacpp/. llama.cpp: --llama-cpp, else the source vendored in the
@@ -22,8 +22,12 @@ a prefix-cache hit; llama.cpp runs llama-bench (-r 1, its own random tokens) and
 
   decode tok/s at C tokens of context: a C-token prompt, then --decode tokens; the tokens after
       the first over the time after the first (FreeToken's summary line; llama-bench -d C -n N).
-  prefill tok/s, P tokens: prompt tokens over the time to the first token (FreeToken's summary
-      line with --max-tokens 1; llama-bench -p P -n 0).
+  prefill tok/s, P tokens: prompt tokens over the time to the first token, after a warm-up prompt
+      of P tokens in the same process, as llama-bench times it (llama-bench -p P -n 0; FreeToken's
+      LLM API in a child: a warm-up prompt of the same words reversed, then the timed one).
+  first prefill tok/s, P tokens (--first-prefill): the same, the first prompt of a fresh process
+      (FreeToken's `generate` summary line with --max-tokens 1; llama-bench --no-warmup): a
+      process's first large arrays take fresh pages, its first calls their first-call costs.
   start to first output byte: process start to the first byte of generated text on stdout, a
       32-token prompt, warm page cache (the engine's model files are read just before); a first
       token that decodes to no text (random models emit padding ids) moves it by a decode step.
@@ -75,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--contexts", type=_ints, default=[64, 2048, 4096], help="decode context depths, comma list")
     ap.add_argument("--decode", type=int, default=64, help="tokens generated per decode run")
     ap.add_argument("--prefill", type=_ints, default=[512, 4096], help="prefill prompt lengths, comma list")
+    ap.add_argument("--first-prefill", type=_ints, default=[512],
+                    help="prompt lengths timed again as a fresh process's first prompt, comma list")
     ap.add_argument("--hog-contexts", type=_ints, default=[64],
                     help="decode depths measured again with another process spinning on one core (a shared box)")
     ap.add_argument("--check-tokens", type=int, default=64, help="greedy ids compared between the engines (0: skip)")
@@ -141,6 +147,7 @@ def plan(args) -> list[tuple[str, int, object]]:
     steps = [("startup", STARTUP_TOKENS, lambda e, t: e.startup(t, STARTUP_TOKENS))]
     steps += [(f"decode@{c}", c, lambda e, t, c=c: e.decode(t, c, args.decode)) for c in args.contexts]
     steps += [(f"prefill@{p}", p, lambda e, t, p=p: e.prefill(t, p)) for p in args.prefill]
+    steps += [(f"first-prefill@{p}", p, lambda e, t, p=p: e.first_prefill(t, p)) for p in args.first_prefill]
     steps += [(f"decode@{c}+hog", c, lambda e, t, c=c: _hogged(e.decode, t, c, args.decode))
               for c in args.hog_contexts]
     return steps
@@ -188,7 +195,7 @@ def setup(args):
     if args.quant:
         gguf = llamacpp.quantize(lc, gguf, args.quant, args.threads)
     # one context length for every run of both engines, so their KV reservations match
-    max_len = max(max(args.contexts, default=0) + args.decode, max(args.prefill, default=0) + 1,
+    max_len = max(max(args.contexts, default=0) + args.decode, max(args.prefill + args.first_prefill, default=0) + 1,
                   STARTUP_TOKENS + max(args.check_tokens, STARTUP_DECODE)) + 16
     engines = [FreeTokenRuns(gguf if args.quant else hf, args.threads, max_len, args.timeout),
                LlamaCppRuns(lc, gguf, args.threads, max_len, args.timeout)]
@@ -236,6 +243,8 @@ def commands(engines, args) -> dict:
     ft, lc = engines
     depth = max(args.contexts, default=64)
     cmds = {"freetoken": ft.command("<N-token prompt>", args.decode),
+            "freetoken prefill (warm)": [sys.executable, "-c", "<bench/_engines.py _FT_WARM_PREFILL>",
+                                         "<model, threads, max_len, warm-up text, text>"],
             "llama-bench decode": llamacpp.bench_cmd(lc.lc, lc.gguf, lc.threads, 0, args.decode, depth),
             "llama-completion": llamacpp.completion_cmd(lc.lc, lc.gguf, lc.threads, "<prompt>", STARTUP_DECODE,
                                                         lc.max_len)}

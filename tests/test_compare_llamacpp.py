@@ -64,6 +64,10 @@ class _Fake:
         self.calls.append((self.name, f"prefill@{tokens}", text))
         return {"tok_s": 250.0 if self.name == "freetoken" else 500.0}
 
+    def first_prefill(self, text, tokens):
+        self.calls.append((self.name, f"first-prefill@{tokens}", text))
+        return {"tok_s": 200.0 if self.name == "freetoken" else 450.0}
+
 
 def test_rounds_interleave_and_share_prompts(cmp, monkeypatch):
     calls, hogged = [], []
@@ -78,12 +82,12 @@ def test_rounds_interleave_and_share_prompts(cmp, monkeypatch):
     args = cmp.parse_args(["--contexts", "64", "--prefill", "512", "--hog-contexts", "32"])
     samples = cmp.run_rounds(engines, cmp.plan(args), 2, [" a", " b"], random.Random(0))
     assert [c[0] for c in calls[:2]] == ["freetoken", "llama.cpp"]
-    assert [c[0] for c in calls[8:10]] == ["llama.cpp", "freetoken"]     # round 2 swaps
+    assert [c[0] for c in calls[10:12]] == ["llama.cpp", "freetoken"]    # round 2 swaps
     assert all(calls[i][2] == calls[i + 1][2] for i in range(0, len(calls), 2))
-    assert calls[0][2] != calls[8][2]                                     # fresh prompts per round
-    assert set(samples) == {"startup", "decode@64", "prefill@512", "decode@32+hog"}
-    assert len(samples["decode@64"]["llama.cpp"]) == 2
-    assert hogged == [6, 7, 14, 15] and calls[6][1] == "decode@32"        # only the hog runs, each
+    assert calls[0][2] != calls[10][2]                                    # fresh prompts per round
+    assert set(samples) == {"startup", "decode@64", "prefill@512", "first-prefill@512", "decode@32+hog"}
+    assert len(samples["decode@64"]["llama.cpp"]) == 2 and calls[6][1] == "first-prefill@512"
+    assert hogged == [8, 9, 18, 19] and calls[8][1] == "decode@32"        # only the hog runs, each
 
 
 def test_busy_core_runs_a_spinning_process_only_inside(cmp):
@@ -131,7 +135,8 @@ def test_main_writes_json_from_fake_engines(cmp, tmp_path, monkeypatch):
     assert data["llama_cpp"]["repack"] is True
     assert data["env"] == {"NUMBA_NUM_THREADS": "2"} and data["greedy_check"]["identical_prefix"] == 64
     assert data["commands"]["llama-bench decode"][:3] == ["b", "-m", str(tmp_path / "m.gguf")]
-    assert data["flags"]["threads"] == 2 and {r["measure"] for r in data["rows"]} == {"startup", "decode@64", "prefill@512"}
+    assert data["flags"]["threads"] == 2 and {r["measure"] for r in data["rows"]} == {
+        "startup", "decode@64", "prefill@512", "first-prefill@512"}
 
 
 def test_child_timing(cmp):
