@@ -53,7 +53,8 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernel_times.json"))
     args = ap.parse_args(argv)
     llm = LLM(args.model, backend="cpu")
-    prompt = [[int(t) for t in np.random.default_rng(0).integers(100, 8000, 64)]]
+    vocab = llm.core.model_config.vocab_size            # ids the model has (synth:tiny: 4096)
+    prompt = [[int(t) for t in np.random.default_rng(0).integers(100, min(8000, vocab), 64)]]
     params = SamplingParams(max_tokens=args.decode, ignore_eos=True)
     llm.generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
     start = time.perf_counter()

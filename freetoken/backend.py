@@ -132,7 +132,8 @@ def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
 def get_ops(name: str, *, cpu_dots: str = "f32", fused_decode: bool = True) -> Ops:
     """The ops of backend `name`. cpu_dots: how the numpy backends' linear and experts ops dot
     quantized weights (kernels/qact.py: "int8" rounds activations to 8 bits per 32 values for the
-    formats with int8 dots; "f32" multiplies by them as they are); CUDA computes in fp32.
+    formats with int8 dots, and to bf16 before bf16 experts; "f32" multiplies by them as they are);
+    CUDA computes in fp32, and so do its CPU experts of a bf16 model (moe/runtime.py).
     fused_decode: the cpu backend's decode_layer (same results; False composes the ops)."""
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; expected {' | '.join(BACKENDS)}")
@@ -150,6 +151,8 @@ def get_ops(name: str, *, cpu_dots: str = "f32", fused_decode: bool = True) -> O
         if cpu_dots not in DOTS:
             raise BackendError(f"unknown cpu_dots {cpu_dots!r}; expected {' | '.join(DOTS)}")
         ops.update({op: functools.partial(ops[op], dots=cpu_dots) for op in ("linear", "experts")})
+        if cpu_dots == "int8":          # and bf16 experts' activations rounded to bf16 (experts_bf16.py)
+            ops["experts"] = functools.partial(ops["experts"], bf16=True)
     if name == "cpu" and fused_decode:
         from freetoken.kernels import decode_layer
         ops["decode_layer"] = functools.partial(decode_layer.cpu, dots=cpu_dots)

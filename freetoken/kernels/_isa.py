@@ -33,6 +33,13 @@ def int8_tile_path(features) -> str:
     return "vnni" if int8_dot_path(features) == "vnni" else "generic"
 
 
+def bf16_dots(features=None) -> bool:
+    """Whether bf16 experts' prefill runs on vdpbf16ps tiles (kernels/experts_bf16.py): AVX512-BF16
+    with AVX-512 (the host's features unless given)."""
+    features = host()[1] if features is None else features
+    return {"avx512bf16", "avx512f"} <= set(features)
+
+
 @functools.lru_cache(maxsize=1)
 def amx_int8() -> bool:
     """Whether the quantized GEMM runs on AMX-INT8 tiles (kernels/qgemm_amx.py): the CPU has
@@ -68,15 +75,18 @@ def vector_width(features) -> str:
 
 def describe() -> str:
     """One line: the target, its vector width, the int8 dots' instructions (quantized weights,
-    --cpu-dots int8), and the dot-product instructions the CPU has that the kernels do not use
-    yet (bf16 and the rest compute in fp32: bf16 widened by shifts, blocks decoded)."""
+    --cpu-dots int8), how bf16 experts' prefill multiplies (vdpbf16ps tiles where the CPU has
+    AVX512-BF16, else widened to fp32 for BLAS), and the dot-product instructions the CPU has that
+    the kernels do not use yet."""
     name, features = host()
     path = int8_dot_path(features)
     used = {"avx512vnni", "avxvnni"} if path == "vnni" else set()
+    used |= {"avx512bf16"} if bf16_dots(features) else set()
     amx = {"amx-int8", "amx-tile"} <= features and amx_int8()
     used |= {"amx-int8"} if amx else set()
     present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
     prefill = "int8 tile GEMM on AMX-INT8 tiles (tdpbusd; mxfp4 on VNNI tiles)" if amx else TILE_PATHS[int8_tile_path(features)]
+    bf16 = "vdpbf16ps tiles (AVX512-BF16)" if bf16_dots(features) else "widened to fp32 for BLAS"
     return (f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}, "
-            f"quantized prefill by {prefill}{unused}")
+            f"quantized prefill by {prefill}, bf16 experts' prefill by {bf16}{unused}")

@@ -33,7 +33,7 @@ SERIAL_NAN_SAFE = dict(SERIAL, fastmath=NAN_SAFE_MATH)
 # the files whose overloads any kernel may inline: part of every kernel's cache stamp (below)
 _OVERLOAD_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
                           for name in ("_numba.py", "_simd.py", "_simd_ir.py", "_simd_int8.py",
-                                        "_simd_itile.py"))
+                                        "_simd_itile.py", "_simd_bf16.py"))
 
 _lock = threading.RLock()
 _numba = None

@@ -129,6 +129,16 @@ def itile_mxfp4(row, xt, xd, xs, xb, first, out):
     _spec_itile(row, xt, xd, first, out, "MXFP4")
 
 
+def btile_bf16(w, xt, r0, t0, out):
+    """out[r0:r0+4, t0:t0+2] (f32[R,NT,16]) = bf16 rows r0 .. r0+3 of w (u32[R,K/2], pairs) against
+    tiles t0, t0+1 of xt (u32[NT,K/2,16]: 16 tokens' bf16 values, two a word): fp32 sums of the
+    exact bf16 products (kernels/_simd_bf16.py: AVX512-BF16's vdpbf16ps, denormals flushed)."""
+    from freetoken.kernels._bf16 import to_f32
+    rows = to_f32(np.ascontiguousarray(w[r0:r0 + 4]).view(np.uint16))                 # [4,K]
+    tiles = np.ascontiguousarray(xt[t0:t0 + 2].transpose(0, 2, 1)).view(np.uint16)     # [2,16,K]
+    out[r0:r0 + 4, t0:t0 + 2] = np.einsum("rk,tlk->rtl", rows, to_f32(tiles))
+
+
 def register(numba):
     """Compile-time overloads of the dots above (kernels/_simd_ir.py, _simd_int8.py; called once,
     when numba is loaded: importing those modules registers them)."""
@@ -136,3 +146,4 @@ def register(numba):
     importlib.import_module("freetoken.kernels._simd_ir")
     importlib.import_module("freetoken.kernels._simd_int8")
     importlib.import_module("freetoken.kernels._simd_itile")
+    importlib.import_module("freetoken.kernels._simd_bf16").enable_inline_asm()

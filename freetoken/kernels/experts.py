@@ -11,6 +11,8 @@ from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._blas_pool import run_items
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, weight_rows
+from freetoken.kernels import experts_bf16
+from freetoken.kernels.experts_bf16 import bf16_rounding, rounded_bf16, wants_bf16
 from freetoken.kernels.experts_quant import _combine   # shared with the quantized decode, which runs it in its own call
 from freetoken.kernels.linear import dot_rows2, rows_block4, widen_rows
 from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
@@ -31,15 +33,16 @@ def _expert_f32(w, e):
     return dequantize_ref(w[e]) if is_quantized(w) else to_f32(w[e])
 
 
-def ref(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
+def ref(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
     """x f32[T,H], ids int32[T,k], weights f32[T,k], gate_up [S,2I,H], down [S,H,I] -> f32[T,H]
     (quantized banks: [S,2I,H/V,B], [S,H,I/V,B], kernels/qblocks.py). dots="int8": x and the
     activation rounded as the int8 dots round them (kernels/qact.py) before a bank whose format
-    has them."""
+    has them; bf16=True: rounded to bf16 before a bf16 bank (experts_bf16.wants_bf16)."""
     T, H = x.shape
     I = logical_shape(down)[2]
-    x = rounded_ref(x) if wants_int8(gate_up, dots) else np.asarray(x, np.float32)
-    act_rounding = rounded_ref if wants_int8(down, dots) else (lambda a: a)
+    x = np.asarray(x, np.float32)
+    x = rounded_ref(x) if wants_int8(gate_up, dots) else rounded_bf16(x) if wants_bf16(gate_up, bf16) else x
+    act_rounding = rounded_ref if wants_int8(down, dots) else bf16_rounding(down, bf16)
     res = np.zeros((T, H), np.float32)
     for t in range(T):
         for j in range(ids.shape[1]):
@@ -178,7 +181,7 @@ def _down_pairs(act, down, uniq, offs, iota, y):
             rows_block4(pairs[j], w, h0, h1, y[:, offs[u] + j])
 
 
-def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out):
+def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out, bf16=False):
     """Few tokens (decode): every weight row is read once per call, by the numba row dots."""
     gu, dn = weight_rows(gate_up), weight_rows(down)
     Ld = 2 if dn.dtype == np.uint32 else 1
@@ -187,19 +190,21 @@ def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out):
     y = np.empty((out.shape[1], P), np.float32)                   # [H,P]
     pairs = gu.dtype == np.uint32 and dn.dtype == np.uint32
     (_gate_up_pairs if pairs else _gate_up)(split_x(x, gu), gu, uniq, offs, ptok, act)
+    if bf16:
+        act[...] = rounded_bf16(act)
     (_down_pairs if pairs else _down)(act, dn, uniq, offs, np.arange(P, dtype=np.int32), y)
     _combine(y, ptok, pw, out)
     return out
 
 
-def _blas(x, gate_up, down, uniq, offs, ptok, pw, out, dots):
+def _blas(x, gate_up, down, uniq, offs, ptok, pw, out, dots, bf16=False):
     """Prefill path: one expert per pool thread, start to end: widen its weights into the
     thread's fp32 buffers, two single-threaded GEMMs, the weighted rows added into the thread's
     own sum (no two threads write one array); the sums are added at the end. Biggest groups
     first, so the last items are short."""
     I = logical_shape(down)[2]
     x = rounded(x) if wants_int8(gate_up, dots) else x
-    act_rounding = (lambda a: rounded(a.T, parallel=False).T) if wants_int8(down, dots) else (lambda a: a)
+    act_rounding = (lambda a: rounded(a.T, parallel=False).T) if wants_int8(down, dots) else bf16_rounding(down, bf16)
 
     def scratch():
         return (np.zeros(out.shape, np.float32), np.empty(logical_shape(gate_up)[1:], np.float32),
@@ -231,7 +236,7 @@ def _as_f32(w, buf):
     return widen_rows(w, buf)
 
 
-def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
+def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
     """Same contract as ``ref``; numba GEMVs for few tokens per expert, BLAS for many."""
     x = np.ascontiguousarray(x, np.float32)
     T, H = x.shape
@@ -246,11 +251,15 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32"):
         from freetoken.kernels import experts_quant as quant
         if quant.uses_gemm(gate_up, down, dots, plan):
             return quant.gemm(x, gate_up, down, *plan, out)
+    bf16 = wants_bf16(gate_up, bf16)
+    x = rounded_bf16(x) if bf16 else x
     if plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0]):
-        return _blas(x, gate_up, down, *plan, out, dots)
+        if bf16 and experts_bf16.runs_here(weight_rows(gate_up), weight_rows(down)):
+            return experts_bf16.gemm(x, weight_rows(gate_up), weight_rows(down), *plan, out)
+        return _blas(x, gate_up, down, *plan, out, dots, bf16)
     if quantized:
         return quant.gemv(x, gate_up, down, *plan, out, dots)
-    return _gemv(x, gate_up, down, *plan, out)
+    return _gemv(x, gate_up, down, *plan, out, bf16)
 
 
 # --- gpu (cuda/experts.cu) ----------------------------------------------------------------------

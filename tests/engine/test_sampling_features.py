@@ -35,7 +35,10 @@ def test_prompt_logprobs_agree_with_the_sampled_ones(llm):
     assert len(lps) == len(full) and lps[0] is None
     assert [lp.token for lp in lps[1:]] == full[1:]
     tail = lps[len(gen.prompt_token_ids):]
-    np.testing.assert_allclose([lp.logprob for lp in tail], [lp.logprob for lp in gen.logprobs], atol=2e-4)
+    # 5e-3, not fp32's 2e-4: the default --cpu-dots int8 rounds the demo model's expert inputs to
+    # bf16, and the prefill and the decode steps sum them in different fp32 orders, so a value on
+    # a rounding boundary can round one bf16 step apart (a wrong position would be off by >0.1)
+    np.testing.assert_allclose([lp.logprob for lp in tail], [lp.logprob for lp in gen.logprobs], atol=5e-3)
     assert [lp.top[0][0] for lp in tail] == gen.token_ids     # greedy picked the top token
     assert_no_leak(llm)
 

@@ -3,8 +3,9 @@
 Tolerances: fp32 checkpoints must match transformers' fp32 logits to 2e-4 absolute (transformers
 itself is within 1e-5 of a float64 re-implementation; the rest is summation order), and the 32
 greedy tokens exactly. bf16 checkpoints: transformers computes in bf16 (error up to ~0.16 against
-float64) while FreeToken keeps fp32 activations, so logits must agree to 0.5, and the argmax must
-agree wherever transformers' own top-2 margin exceeds 1.0.
+float64) while FreeToken keeps fp32 activations (the cpu backend rounds the routed experts' inputs
+to bf16 under its default --cpu-dots int8, as transformers' bf16 forward does), so logits must
+agree to 0.5, and the argmax must agree wherever transformers' own top-2 margin exceeds 1.0.
 """
 from pathlib import Path
 
@@ -62,6 +63,24 @@ def test_fp32_logits_and_greedy_tokens(name, backend):
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_bf16_logits_close(name, backend):
     _, exp, logits = run_fixture(name, "bf16", backend)
+    logits = logits[len(exp["prompt_ids"]) - 1:]
+    np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
+    sure = exp["step_top2_margin"] > 1.0
+    assert (logits.argmax(1)[sure] == exp["step_logits"].argmax(1)[sure]).all()
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_bf16_logits_close_with_every_prefill_expert_on_the_bf16_tiles(name, monkeypatch):
+    """The bf16 tolerance again with the cpu backend's prefill experts all on the vdpbf16ps tiles
+    (kernels/experts_bf16.py; the fixture's prompt gives an expert too few tokens to choose them
+    by itself), or, on a CPU without AVX512-BF16, on BLAS with the same bf16 rounding."""
+    from freetoken.kernels import _isa, experts, experts_bf16
+    monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 0)
+    tiles = []
+    gemm = experts_bf16.gemm
+    monkeypatch.setattr(experts_bf16, "gemm", lambda *a: tiles.append(1) or gemm(*a))
+    _, exp, logits = run_fixture(name, "bf16", "cpu")
+    assert bool(tiles) == _isa.bf16_dots()
     logits = logits[len(exp["prompt_ids"]) - 1:]
     np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
     sure = exp["step_top2_margin"] > 1.0

@@ -1,0 +1,93 @@
+"""bf16 experts with their activations rounded to bf16 (bf16=True: the cpu backend under --cpu-dots
+int8, the default): every path of experts.cpu against experts.ref's spec (x and the SwiGLU output
+rounded to bf16), the vdpbf16ps tile GEMM where the CPU has AVX512-BF16 (kernels/experts_bf16.py),
+and bf16=False left exact."""
+import numpy as np
+import pytest
+
+from freetoken.kernels import _isa, _simd, experts, experts_bf16
+from freetoken.kernels._bf16 import from_f32, to_f32
+from tests.helpers import assert_close
+from tests.kernels.test_experts import banks, routing
+
+
+
+def assert_spec(name, want, got, exact):
+    """got is want within fp32 reordering, except where a SwiGLU output computed in another fp32
+    order sat on the other side of a bf16 rounding boundary and rounded one bf16 step the other
+    way (rare: a step is 2^-8 of the value, an fp32 reorder ~2^-23), moving its token's outputs by
+    up to a step times a down row; and on the whole far closer to want than to exact (the same
+    inputs without the rounding): a path that skipped a rounding fails that."""
+    assert_close(name, want, got, atol=2.0 ** -8 * np.abs(want).max(), rtol=1e-4)
+    assert np.abs(got - want).mean() < 0.25 * np.abs(got - exact).mean(), name
+needs_bf16 = pytest.mark.skipif(not _isa.bf16_dots(), reason="this CPU has no AVX512-BF16")
+
+
+def _case(T, H, I, seed, S=9, k=4):
+    rng = np.random.default_rng(seed)
+    gate_up, down = banks(rng, S, H, I, np.uint16)
+    ids, w = routing(rng, T, S, k)
+    return rng.standard_normal((T, H)).astype(np.float32), ids, w, gate_up, down
+
+
+def test_the_spec_rounds_x_and_the_activation_to_bf16():
+    x, ids, w, gate_up, down = _case(3, 96, 40, 0)
+    fast = experts.ref(x, ids, w, gate_up, down, bf16=True)
+    rounded_x = to_f32(from_f32(x))
+    assert not np.array_equal(rounded_x, x)
+    exact_on_rounded_x = experts.ref(rounded_x, ids, w, gate_up, down, bf16=False)
+    assert_close("spec", exact_on_rounded_x, fast, atol=2e-2, rtol=2e-2)   # only the activation's rounding apart
+    assert not np.array_equal(fast, experts.ref(x, ids, w, gate_up, down, bf16=False))
+
+
+@pytest.mark.parametrize("path", ["gemv", "tiles_or_blas", "blas"])
+@pytest.mark.parametrize("T,H,I", [(7, 96, 40), (37, 128, 64), (70, 64, 96)])
+def test_every_path_matches_the_spec(T, H, I, path, monkeypatch):
+    """gemv: few tokens an expert; tiles_or_blas: many (the tiles where the CPU has them); blas:
+    many, with the tiles unavailable (a CPU without AVX512-BF16)."""
+    monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 1 << 30 if path == "gemv" else 0)
+    if path == "blas":
+        monkeypatch.setattr(_isa, "bf16_dots", lambda features=None: False)
+    x, ids, w, gate_up, down = _case(T, H, I, T * H + I)
+    expect = experts.ref(x, ids, w, gate_up, down, bf16=True)
+    out = np.full((T, H), np.nan, np.float32)
+    assert experts.cpu(x, ids, w, gate_up, down, out=out, bf16=True) is out
+    assert_spec(f"bf16 experts {path} T{T}", expect, out, experts.ref(x, ids, w, gate_up, down, bf16=False))
+    np.testing.assert_array_equal(out[-1], 0.0)                # the row routed to no expert
+
+
+def test_without_bf16_the_experts_stay_exact(monkeypatch):
+    monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 0)
+    x, ids, w, gate_up, down = _case(33, 96, 40, 5)
+    assert_close("f32", experts.ref(x, ids, w, gate_up, down, bf16=False),
+                 experts.cpu(x, ids, w, gate_up, down, bf16=False), atol=1e-5, rtol=1e-4)
+
+
+@needs_bf16
+def test_the_tiles_run_and_agree_with_the_spec(monkeypatch):
+    calls = []
+    gemm = experts_bf16.gemm
+    monkeypatch.setattr(experts_bf16, "gemm", lambda *a: calls.append(1) or gemm(*a))
+    x, ids, w, gate_up, down = _case(200, 256, 128, 7, S=16, k=4)   # ~50 tokens an expert
+    out = experts.cpu(x, ids, w, gate_up, down, bf16=True)
+    assert calls == [1]
+    assert_spec("tiles", experts.ref(x, ids, w, gate_up, down, bf16=True), out,
+                experts.ref(x, ids, w, gate_up, down, bf16=False))
+
+
+@needs_bf16
+def test_the_compiled_tile_product_is_its_python_spec():
+    from freetoken.kernels._numba import njit
+    rng = np.random.default_rng(3)
+    w = from_f32(rng.standard_normal((8, 64), np.float32)).view(np.uint32)          # [R,K/2]
+    xt = from_f32(rng.standard_normal((4, 32, 32), np.float32)).view(np.uint32)     # [NT,K/2,16]
+    spec, got = np.zeros((8, 4, 16), np.float32), np.zeros((8, 4, 16), np.float32)
+    _simd.btile_bf16(w, xt, 4, 2, spec)
+
+    @njit()
+    def compiled(w, xt, out):
+        _simd.btile_bf16(w, xt, np.int64(4), np.int64(2), out)
+
+    compiled(w, xt, got)
+    assert_close("btile_bf16", spec, got, atol=1e-5, rtol=1e-5)
+    assert not got[:4].any() and not got[:, :2].any()           # only rows 4..7, tiles 2..3
