@@ -19,7 +19,9 @@ from freetoken.kernels._numba import HOT, SERIAL, narrow, njit, prange
 from freetoken.kernels._simd import btile_bf16
 
 LANES = 16           # tokens a tile
-MIN_PAIRS = 32       # tokens an expert (mean) from which the tiles run (experts.BLAS_MIN_PAIRS)
+PASS_PAIRS = 4096    # routed pairs a pass: bounds the tiles and h, as experts_quant's passes do
+                     # (all of an 8192-token chunk at once held ~1.35 GB at 30B-A3B's shape)
+ROWS = 32            # weight rows a work item (8 blocks of the kernel's 4)
 
 
 def wants_bf16(bank, bf16: bool) -> bool:
@@ -37,7 +39,6 @@ def rounded_bf16(a):
 def bf16_rounding(bank, bf16: bool):
     """The rounding of an input before ``bank``: rounded_bf16, or none."""
     return rounded_bf16 if wants_bf16(bank, bf16) else (lambda a: a)
-ROWS = 32            # weight rows a work item (8 blocks of the kernel's 4)
 
 
 @njit(**SERIAL)
@@ -100,12 +101,9 @@ def _swiglu_pack(h, at):
 
 @njit(**HOT)
 def _combine(y, ptok, pw, offs, base, out):
-    """out[T,H] = sum over pairs of pw * y[:, tile, lane]; columns split over threads."""
+    """out[T,H] += sum over pairs of pw * y[:, tile, lane]; columns split over threads."""
     H = out.shape[1]
     for h0 in prange((H + 63) // 64):
-        for t in range(out.shape[0]):
-            for h in range(h0 * 64, min(h0 * 64 + 64, H)):
-                out[t, h] = 0.0
         for u in range(offs.shape[0] - 1):
             for j in range(offs[u + 1] - offs[u]):
                 p = offs[u] + j
@@ -124,16 +122,32 @@ def runs_here(gu, dn) -> bool:
 
 def gemm(x, gu, dn, uniq, offs, ptok, pw, out):
     """out f32[T,H] = each token's experts weighted and summed; gu u32[S,2I,H/2], dn u32[S,H,I/2]
-    (bf16 pairs); the plan (uniq, offs, ptok, pw) as experts._plan makes it."""
+    (bf16 pairs); the plan (uniq, offs, ptok, pw) as experts._plan makes it. Whole experts in
+    passes of about PASS_PAIRS pairs."""
+    x = np.ascontiguousarray(x, np.float32)
+    out[...] = 0.0
+    a = 0
+    while a < uniq.shape[0]:
+        b = a + 1
+        while b < uniq.shape[0] and offs[b + 1] - offs[a] <= PASS_PAIRS:
+            b += 1
+        p0, p1 = offs[a], offs[b]
+        _pass(x, gu, dn, uniq[a:b], offs[a:b + 1] - p0, ptok[p0:p1], pw[p0:p1], out)
+        a = b
+    return out
+
+
+def _pass(x, gu, dn, uniq, offs, ptok, pw, out):
     base = _tiles(offs)
     nt = int(base[-1])
     xt = np.empty((nt, gu.shape[2], LANES), np.uint32)
-    _pack_x(np.ascontiguousarray(x, np.float32), ptok, offs, base, xt)
+    _pack_x(x, ptok, offs, base, xt)
     h = np.empty((gu.shape[1], nt, LANES), np.float32)                 # [2I,NT,16]
     _bank(gu, uniq, base, xt, h)
+    del xt                                                             # peak: h and at, not all four
     at = np.empty((nt, dn.shape[2], LANES), np.uint32)
     _swiglu_pack(h, at)
+    del h
     y = np.empty((dn.shape[1], nt, LANES), np.float32)                 # [H,NT,16]
     _bank(dn, uniq, base, at, y)
     _combine(y, ptok, pw, offs, base, out)
-    return out

@@ -76,6 +76,21 @@ def test_the_tiles_run_and_agree_with_the_spec(monkeypatch):
 
 
 @needs_bf16
+def test_the_tiles_run_in_passes_of_whole_experts(monkeypatch):
+    """A pass takes whole experts up to PASS_PAIRS pairs (an expert over it is a pass of its own)."""
+    monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 0)
+    monkeypatch.setattr(experts_bf16, "PASS_PAIRS", 40)
+    passes = []
+    one = experts_bf16._pass
+    monkeypatch.setattr(experts_bf16, "_pass", lambda *a: passes.append(a[5].shape[0]) or one(*a))
+    x, ids, w, gate_up, down = _case(200, 256, 128, 8, S=16, k=4)
+    out = experts.cpu(x, ids, w, gate_up, down, bf16=True)
+    assert len(passes) > 3 and sum(passes) == int((ids >= 0).sum()) - 1      # one duplicate id merged
+    assert_spec("passes", experts.ref(x, ids, w, gate_up, down, bf16=True), out,
+                experts.ref(x, ids, w, gate_up, down, bf16=False))
+
+
+@needs_bf16
 def test_the_compiled_tile_product_is_its_python_spec():
     from freetoken.kernels._numba import njit
     rng = np.random.default_rng(3)
