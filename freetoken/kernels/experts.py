@@ -252,10 +252,12 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
         if quant.uses_gemm(gate_up, down, dots, plan):
             return quant.gemm(x, gate_up, down, *plan, out)
     bf16 = wants_bf16(gate_up, bf16)
+    many = plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0])
+    if many and bf16 and experts_bf16.runs_here(weight_rows(gate_up), weight_rows(down)):
+        # the tiles round x as they pack it (the same rounding): not twice
+        return experts_bf16.gemm(x, weight_rows(gate_up), weight_rows(down), *plan, out)
     x = rounded_bf16(x) if bf16 else x
-    if plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0]):
-        if bf16 and experts_bf16.runs_here(weight_rows(gate_up), weight_rows(down)):
-            return experts_bf16.gemm(x, weight_rows(gate_up), weight_rows(down), *plan, out)
+    if many:
         return _blas(x, gate_up, down, *plan, out, dots, bf16)
     if quantized:
         return quant.gemv(x, gate_up, down, *plan, out, dots)
