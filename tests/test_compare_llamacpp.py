@@ -242,3 +242,17 @@ def test_llama_cpp_killed_by_a_signal_runs_again_with_repacking_off(cmp, monkeyp
     monkeypatch.setattr(_engines.llamacpp, "bench_tok_s", lambda out: 5.0)
     monkeypatch.setattr(_engines.llamacpp, "bench_record", lambda out: {})
     assert runs._bench(8, 0)["tok_s"] == 5.0 and cmds[-1][-2:] == ["--repack", "0"]
+
+
+def test_freetoken_runs_measure_through_their_child_processes(cmp):
+    """FreeToken's side for real on synth:tiny: the warm-prefill child (a warm-up prompt of the
+    same length, then the timed one), a fresh process's first prefill, and decode, each a
+    positive rate from its own process."""
+    import _engines
+    runs = _engines.FreeTokenRuns(Path("synth:tiny"), threads=1, max_len=256, timeout=600)
+    text = cmp.make_prompt(cmp.prompt_words(synth_tokenizer_dir()), 32, random.Random(5))
+    warm, first, decode = runs.prefill(text, 32), runs.first_prefill(text, 32), runs.decode(text, 32, 8)
+    assert warm["tok_s"] > 0 and first["tok_s"] > 0 and decode["tok_s"] > 0
+    assert min(warm["max_rss_bytes"], first["max_rss_bytes"]) > 0
+    with pytest.raises(RuntimeError, match="not 31"):
+        runs.prefill(text, 31)                       # the prompt's length is checked, not assumed

@@ -57,12 +57,16 @@ def amx_int8() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def host() -> tuple[str, frozenset]:
-    """(LLVM CPU name, the features LLVM enables for it), as numba's code generation sees them."""
+    """(LLVM CPU name, the features LLVM enables for it) of numba's code generation: the host's,
+    unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target (a portable cache is built
+    with NUMBA_CPU_NAME=generic: no AVX at all). The kernels' choices read this, not the host's
+    CPUID: inline asm of an instruction the target lacks aborts LLVM's code generation."""
     from freetoken.kernels._numba import load_numba
     load_numba()
-    from llvmlite import binding
-    features = binding.get_host_cpu_features()
-    return binding.get_host_cpu_name(), frozenset(k for k, on in features.items() if on)
+    from numba.core.registry import cpu_target
+    codegen = cpu_target.target_context.codegen()
+    features = codegen._tm_features        # '+avx2,-amx-int8,...' (what _simd_int8 compiles for)
+    return codegen._get_host_cpu_name(), frozenset(f[1:] for f in features.split(",") if f.startswith("+"))
 
 
 def vector_width(features) -> str:

@@ -37,7 +37,27 @@ def _bytes(builder, ptr, at, n=LANES):
 
 
 def _fp16(builder, block, at):
-    return builder.fpext(_load(builder, block, at, ir.HalfType(), 1), F32)
+    """The fp16 at byte `at` of block, as fp32: one fpext (vcvtph2ps) where the target has F16C;
+    elsewhere (NUMBA_CPU_NAME=generic) LLVM lowers fpext to __extendhfsf2, a symbol numba's JIT
+    does not link (the process aborts), so the bits are widened by hand."""
+    from freetoken.kernels._isa import host
+    if "f16c" in host()[1]:
+        return builder.fpext(_load(builder, block, at, ir.HalfType(), 1), F32)
+    return _fp16_bits(builder, builder.zext(_load(builder, block, at, ir.IntType(16), 1), I32))
+
+
+def _fp16_bits(builder, h):
+    """fp32 of the fp16 bits h (i32): exponent rebiased by 112; all-ones stays inf/NaN; zero and
+    subnormals are the mantissa times 2**-24 (exact)."""
+    c = lambda v: ir.Constant(I32, v)                                          # noqa: E731
+    exponent, mantissa = builder.and_(builder.lshr(h, c(10)), c(31)), builder.and_(h, c(1023))
+    sign = builder.shl(builder.and_(h, c(0x8000)), c(16))
+    normal = builder.or_(builder.shl(builder.add(exponent, c(112)), c(23)), builder.shl(mantissa, c(13)))
+    special = builder.or_(c(0x7F800000), builder.shl(mantissa, c(13)))
+    bits = builder.select(builder.icmp_unsigned("==", exponent, c(31)), special, normal)
+    tiny = builder.bitcast(builder.fmul(builder.sitofp(mantissa, F32), ir.Constant(F32, 2.0 ** -24)), I32)
+    bits = builder.select(builder.icmp_unsigned("==", exponent, c(0)), tiny, bits)
+    return builder.bitcast(builder.or_(bits, sign), F32)
 
 
 def _same(bits, n, value):

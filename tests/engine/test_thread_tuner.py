@@ -2,7 +2,8 @@
 slowdown tries one thread fewer and keeps it only when faster; below the full count the full
 count is retried and taken back when the cores are free again; a try alternates its steps with
 the current count's, so a slowdown of the whole box is no reason to drop a thread. Step times are
-made up: seconds per token as a function of the threads."""
+made up: seconds per token as a function of the threads. Where the box's load can be read
+(/proc/stat), a quiet start has no try."""
 import collections
 import logging
 
@@ -18,13 +19,22 @@ class Box:
         self.hog, self.threads, self.calls = False, 2, []
         self.steps = collections.Counter()            # steps run, by thread count
         self.slow_steps = 0                           # the next this many steps: every core slower
+        self.readable, self.elapsed = False, 0.0      # the tuner's CoreLoad stand-in
 
     def set_threads(self, n):
         self.threads = n
         self.calls.append(n)
 
+    def start(self):
+        self.elapsed = 0.0
+
+    def others(self):
+        """What CoreLoad would read: a hog keeps one core busy; None: /proc/stat unreadable."""
+        return (1.0 if self.hog else 0.0) if self.readable else None, self.elapsed
+
     def step_time(self):
         self.steps[self.threads] += 1
+        self.elapsed += self.quiet_time()
         if self.slow_steps > 0:                      # another guest of the VM's host: both counts
             self.slow_steps -= 1
             return 2 * self.quiet_time()
@@ -46,9 +56,37 @@ def run(tuner, box, steps, tokens=1):
 
 @pytest.fixture
 def box_and_tuner(caplog):
+    """A box whose load the tuner cannot read (its start always tries one thread fewer)."""
     caplog.set_level(logging.INFO, logger="tuner-test")
     box = Box()
-    return box, tt.ThreadTuner(2, box.set_threads, logging.getLogger("tuner-test"))
+    return box, tt.ThreadTuner(2, box.set_threads, logging.getLogger("tuner-test"), load=box)
+
+
+def test_a_quiet_box_whose_load_is_read_has_no_start_try(box_and_tuner, caplog):
+    """Others used no core over the first START_SAMPLE_S (15 steps of 20 ms here): no try, one
+    DEBUG line; the decision waits for the span, not only the START_STEPS steps."""
+    caplog.set_level(logging.DEBUG, logger="tuner-test")
+    box, tuner = box_and_tuner
+    box.readable = True
+    run(tuner, box, tt.WARM_STEPS + tt.START_STEPS)
+    assert not tuner._tried_at_start                            # 60 ms seen: not enough yet
+    run(tuner, box, 2000)
+    assert box.steps[1] == 0 and tuner.n == 2 and "no start try" in caplog.text
+
+
+def test_a_box_busy_from_the_start_whose_load_is_read_drops_a_thread(box_and_tuner):
+    box, tuner = box_and_tuner
+    box.readable, box.hog = True, True
+    run(tuner, box, tt.WARM_STEPS + tt.START_STEPS + tt.START_STEPS)
+    assert tuner.n == 1 and box.threads == 1
+
+
+def test_core_load_reads_this_machine():
+    load = tt.CoreLoad()
+    load.start()
+    sum(i * i for i in range(200_000))                         # some CPU time of our own
+    others, span = load.others()
+    assert span > 0 and (others is None or others >= 0)
 
 
 def test_a_quiet_box_tries_once_at_the_start_and_keeps_every_thread(box_and_tuner, caplog):
@@ -119,7 +157,7 @@ def test_a_short_slowdown_of_the_whole_box_keeps_every_thread(box_and_tuner, cap
 
 def test_one_thread_has_nothing_to_drop():
     calls = []
-    tuner = tt.ThreadTuner(1, calls.append, logging.getLogger("tuner-test"))
+    tuner = tt.ThreadTuner(1, calls.append, logging.getLogger("tuner-test"), load=Box())
     for i in range(100):
         tuner.observe(0.01 * (1 + i), 1)                         # ever slower
     assert calls == [] and tuner.n == 1
