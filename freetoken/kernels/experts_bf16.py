@@ -59,15 +59,19 @@ def _pair(a, b, like):
 
 @njit(**HOT)
 def _pack_x(x, ptok, offs, base, xt):
-    """xt u32[NT,H/2,16]: expert u's pair j reads token ptok[offs[u] + j] in tile base[u] + j // 16."""
+    """xt u32[NT,H/2,16]: expert u's pair j reads token ptok[offs[u] + j] in tile base[u] + j // 16,
+    lane j % 16; lanes after an expert's last pair are 0. A work item a tile, not an expert: a
+    call with one expert (a dense layer, a shared expert) packs on every thread."""
     like = np.empty(0, np.uint16)
     for t in prange(xt.shape[0]):
         for k in range(xt.shape[1]):
             for lane in range(LANES):
                 xt[t, k, lane] = 0
-    for u in prange(offs.shape[0] - 1):
-        for j in range(offs[u + 1] - offs[u]):
-            t, lane, row = base[u] + j // LANES, j % LANES, x[ptok[offs[u] + j]]
+    for t in prange(xt.shape[0]):
+        u = np.searchsorted(base, t, side="right") - 1        # base[u] <= t < base[u + 1]
+        first = (t - base[u]) * LANES
+        for lane in range(min(LANES, offs[u + 1] - offs[u] - first)):   # none in a padding tile
+            row = x[ptok[offs[u] + first + lane]]
             for k in range(xt.shape[1]):
                 xt[t, k, lane] = _pair(row[2 * k], row[2 * k + 1], like)
 

@@ -76,6 +76,21 @@ def test_the_tiles_run_and_agree_with_the_spec(monkeypatch):
 
 
 @needs_bf16
+def test_one_expert_for_every_token_packs_and_agrees(monkeypatch):
+    """A dense SwiGLU layer (one "expert", weight 1, every token): 75 tokens, five tiles and a
+    padding one, packed a tile a work item."""
+    calls = []
+    gemm = experts_bf16.gemm
+    monkeypatch.setattr(experts_bf16, "gemm", lambda *a: calls.append(1) or gemm(*a))
+    x, _, _, gate_up, down = _case(75, 128, 64, 9, S=1, k=1)
+    ids, w = np.zeros((75, 1), np.int32), np.ones((75, 1), np.float32)
+    out = experts.cpu(x, ids, w, gate_up, down, bf16=True)
+    assert calls == [1]
+    assert_spec("dense", experts.ref(x, ids, w, gate_up, down, bf16=True), out,
+                experts.ref(x, ids, w, gate_up, down, bf16=False))
+
+
+@needs_bf16
 def test_the_tiles_run_in_passes_of_whole_experts(monkeypatch):
     """A pass takes whole experts up to PASS_PAIRS pairs (an expert over it is a pass of its own)."""
     monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 0)
