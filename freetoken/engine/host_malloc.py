@@ -11,8 +11,9 @@ microseconds (far more inside a VM sandbox). Two settings make later prompts reu
                            prompt on (it no longer adapts; larger arrays stay mmaps of their own)
   M_TOP_PAD 64 MB          the heap keeps 64 MB at its top when trimming, and grows by that much
 
-Process-wide: applied once, at the first engine's start, and logged; a process not on glibc keeps
-its allocator and says so. Peak RSS is unchanged (the pages kept are the ones a prompt just used).
+Process-wide: applied once, at the first engine's start, and logged; a process not on glibc, or
+whose malloc is another allocator's (jemalloc or tcmalloc by LD_PRELOAD: glibc's mallopt would
+return 1 and change nothing), keeps its allocator and says so. Peak RSS is unchanged (the pages kept are the ones a prompt just used).
 """
 from __future__ import annotations
 
@@ -39,10 +40,32 @@ def reuse_freed_scratch(logger) -> str:
     return _applied
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def malloc_library() -> str | None:
+    """The file of the library whose ``malloc`` this process calls (dladdr), or None if unknown."""
+    try:
+        process = ctypes.CDLL(None)
+        dladdr = process.dladdr
+    except (OSError, AttributeError):
+        return None
+    dladdr.argtypes, dladdr.restype = (ctypes.c_void_p, ctypes.POINTER(_DlInfo)), ctypes.c_int
+    info = _DlInfo()
+    if not dladdr(ctypes.cast(process.malloc, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return info.dli_fname.decode(errors="replace")
+
+
 def _set_parameters() -> str:
     libc_name = platform.libc_ver()[0]
     if libc_name != "glibc":
         return f"host malloc: left as it is (the C library is {libc_name or 'unknown'}, not glibc)"
+    owner = malloc_library()
+    if owner is not None and "libc.so" not in owner.rsplit("/", 1)[-1]:
+        return f"host malloc: left as it is (malloc comes from {owner}, not glibc: mallopt would not reach it)"
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     failed = [name for name, param, value in (("M_MMAP_THRESHOLD", M_MMAP_THRESHOLD, MMAP_THRESHOLD),

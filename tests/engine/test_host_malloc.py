@@ -61,3 +61,47 @@ def test_the_engine_says_what_it_did_and_the_flag_turns_it_off(caplog):
     with caplog.at_level(logging.INFO, logger="freetoken"):
         LLM("synth:tiny", backend="cpu", max_model_len=64, host_scratch_reuse=False)
     assert not [r for r in caplog.records if r.getMessage().startswith("host malloc:")]
+
+
+@glibc_only
+def test_this_process_mallocs_with_glibc():
+    from freetoken.engine import host_malloc
+    assert "libc.so" in host_malloc.malloc_library()
+
+
+@glibc_only
+def test_another_allocator_is_left_alone(monkeypatch):
+    """jemalloc or tcmalloc preloaded: glibc's mallopt would accept and change nothing; say so."""
+    from freetoken.engine import host_malloc
+    monkeypatch.setattr(host_malloc, "malloc_library", lambda: "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    monkeypatch.setattr(host_malloc.ctypes, "CDLL", None)         # mallopt must not be reached
+    assert "malloc comes from /usr/lib/x86_64-linux-gnu/libjemalloc.so.2" in host_malloc._set_parameters()
+
+
+_INTERPOSER = r"""
+#include <stddef.h>
+extern void *__libc_malloc(size_t); extern void __libc_free(void *);
+extern void *__libc_calloc(size_t, size_t); extern void *__libc_realloc(void *, size_t);
+void *malloc(size_t n) { return __libc_malloc(n); }
+void free(void *p) { __libc_free(p); }
+void *calloc(size_t a, size_t b) { return __libc_calloc(a, b); }
+void *realloc(void *p, size_t n) { return __libc_realloc(p, n); }
+"""
+
+
+@glibc_only
+def test_a_preloaded_malloc_is_found(tmp_path):
+    """A real LD_PRELOAD allocator (a forwarder to glibc's, built here) is named in the log line."""
+    import os
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a preloaded malloc")
+    (tmp_path / "m.c").write_text(_INTERPOSER)
+    lib = tmp_path / "libforward_malloc.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(tmp_path / "m.c")], check=True)
+    code = ("import logging; from freetoken.engine.host_malloc import reuse_freed_scratch; "
+            "print(reuse_freed_scratch(logging.getLogger('t')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, LD_PRELOAD=str(lib)))
+    assert f"malloc comes from {lib}" in out.stdout, out.stdout + out.stderr
