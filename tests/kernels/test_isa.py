@@ -16,14 +16,17 @@ assert "SSE" in _isa.describe() and "widened to fp32" in _isa.describe()
 rows = np.zeros((4, 8), np.uint32)
 assert not experts_bf16.runs_here(rows, rows)
 rng = np.random.default_rng(0)
-x = rng.standard_normal((1, 64)).astype(np.float32)
-q, d, s = qact.quantize(x)
-row = np.zeros((2, 34), np.uint8)
-row[:, 0:2] = np.frombuffer(np.array([0.5, 2.0 ** -20], np.float16).tobytes(), np.uint8).reshape(2, 2)  # a subnormal d too
-row[:, 2:] = rng.integers(0, 256, (2, 32), dtype=np.uint8)
-got = qact.idot_row(row, qformats.format_named("q8_0").code, q[0], d[0], s[0])
-want = qformats.dequantize_ref(row) @ qact.rounded_ref(x)[0]
-assert abs(got - want) <= 1e-5 * (1 + abs(want)), (got, want)
+for name, K in (("q8_0", 320), ("q4_k", 512), ("q6_k", 512), ("mxfp4", 512)):   # q8_0: 8 blocks a step, 2 after
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    row = qformats.random_blocks(name, (), K, rng)
+    if name == "q8_0":
+        row[3, 0:2] = np.frombuffer(np.float16(2.0 ** -20).tobytes(), np.uint8)     # a subnormal d
+    code = qformats.format_named(name).code
+    q, d, s = qact.quantize(x)
+    got = qact.idot_row(row, code, q[0], d[0], s[0])
+    want = qformats.dequantize_ref(row) @ qact.rounded_ref(x)[0]
+    scale = np.abs(qformats.dequantize_ref(row)) @ np.abs(qact.rounded_ref(x)[0])
+    assert abs(got - want) <= 1e-5 * scale, (name, got, want)
 print("ok")
 """
 
