@@ -52,8 +52,12 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # -> 16,100 (2026-12-04): glibc malloc keeps freed prefill scratch (engine/host_malloc.py, ~30
 # lines: ~32,000 page faults a 512-token prompt of a GGUF file, 10-15% of its prefill on the VM);
 # -> 16,250 (2026-12-05): bf16 experts' prefill on AVX512-BF16 (kernels/experts_bf16.py and
-# _simd_bf16.py, ~135 lines: a 512-token prefill of the medium bf16 model 1.6 -> 1.1 s on Zen 4)
-MAX_PACKAGE_LINES = 16_250
+# _simd_bf16.py, ~135 lines: a 512-token prefill of the medium bf16 model 1.6 -> 1.1 s on Zen 4);
+# -> 16,375 (2026-12-05): the int8 row dots' sub-block integer sums and q8_0's eight-block step
+# (~40 lines: a Q4_K_M decode step of medium 7.4 -> 6.5 ms on the Zen 4 VM), the thread tuner's look
+# at /proc/stat before its start try (~40: ~3% of every short decode), kernels that read numba's
+# target so NUMBA_CPU_NAME=generic runs (~15), a preloaded malloc named and left alone (~17)
+MAX_PACKAGE_LINES = 16_375
 
 
 def _module_name(path: Path) -> str:
