@@ -54,7 +54,8 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # -> 16,250 (2026-12-05): bf16 experts' prefill on AVX512-BF16 (kernels/experts_bf16.py and
 # _simd_bf16.py, ~135 lines: a 512-token prefill of the medium bf16 model 1.6 -> 1.1 s on Zen 4);
 # -> 16,375 (2026-12-05): the int8 row dots' sub-block integer sums and q8_0's eight-block step
-# (~40 lines: a Q4_K_M decode step of medium 7.4 -> 6.5 ms on the Zen 4 VM), the thread tuner's look
+# (~40 lines: q4_k's GEMV 3.2 -> 3.6x the fp32 dots, bench/kernels/quant_dots.py, Zen 4 VM; a whole
+# decode step did not move measurably, docs/performance.md), the thread tuner's look
 # at /proc/stat before its start try (~40: ~3% of every short decode), kernels that read numba's
 # target so NUMBA_CPU_NAME=generic runs (~15), a preloaded malloc named and left alone (~17)
 MAX_PACKAGE_LINES = 16_375

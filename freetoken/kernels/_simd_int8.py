@@ -246,9 +246,10 @@ def _int_row(context, builder, sig, args, shape, block_lanes):
 
     blocks, done = builder.extract_value(arrays[0].shape, 0), ir.Constant(I64, 0)
     if eight is not None:
-        with cgutils.for_range(builder, builder.sdiv(blocks, ir.Constant(I64, 8))) as loop:
+        steps = builder.sdiv(blocks, ir.Constant(I64, 8))
+        with cgutils.for_range(builder, steps) as loop:
             fold(builder.mul(loop.index, ir.Constant(I64, 8)), eight)
-        done = builder.mul(builder.sdiv(blocks, ir.Constant(I64, 8)), ir.Constant(I64, 8))
+        done = builder.mul(steps, ir.Constant(I64, 8))
     with cgutils.for_range(builder, builder.sub(blocks, done)) as loop:
         fold(builder.add(done, loop.index), one)
     total = _function(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", F32, [F32, vec])
@@ -275,8 +276,9 @@ def _register_int_row(plain, shape, block_lanes):
 
 
 # (block bytes, values, accumulator lanes, values per xs float: 16 for q6_k, qact.sums16)
-# q8_0 eight blocks a step (7.7 against 8.5 ns a 256 values, K 1024, Zen 4 VM); mxfp4 one (its
-# eight-block step measured 11.6-12.3 against 10.8: its scale is built from bits, block by block)
+# q8_0 eight blocks a step (bench/kernels/quant_dots.py, 1024x1024, one thread, Zen 4 VM: int8
+# 23.4-23.6 -> 24.7-24.9 G weights/s); mxfp4 one (an eight-block step measured slower in a scratch
+# loop, 11.6-12.3 against 10.8 ns a 256 values: its scale is built from bits, block by block)
 _Q8_0, _MXFP4 = (_eight_blocks(_q8_0_parts, 34), _one_block(_q8_0_parts)), _one_block(_mxfp4_parts)
 for _plain_dot, _shape, _block in ((_simd.idot_q8_0, (34, 32, 8, 32), _Q8_0), (_simd.idot_q4_k, (144, 256, 8, 32), _q4_k),
                                    (_simd.idot_q5_k, (176, 256, 8, 32), _q5_k), (_simd.idot_q6_k, (210, 256, 8, 16), _q6_k),
