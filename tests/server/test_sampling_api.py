@@ -133,7 +133,11 @@ def test_completions_batch_of_token_prompts_as_lm_eval_sends(oa, demo_tokenizer)
     assert [c.index for c in r.choices] == [0, 1]
     for ids, choice in zip((a, b), r.choices):
         alone = oa.completions.create(prompt=[ids], **payload).choices[0].logprobs
-        assert choice.logprobs.token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-5)
+        # not bit for bit: a batch of two prompts is one prefill of more rows (BLAS tiles them
+        # otherwise), and the default --cpu-dots rounds the experts' activations to bf16, which
+        # turns an fp32 summation-order difference into a bf16 step (2^-8 of a value) now and
+        # then: 1.4e-4 seen on the Xeon EMR VM (under --cpu-dots f32 it agreed within 1e-5)
+        assert choice.logprobs.token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-3)
         assert len(choice.logprobs.tokens) == len(ids) + 1
     assert r.usage.prompt_tokens == len(a) + len(b) and r.usage.completion_tokens == 2
     texts = oa.completions.create(model=MODEL, prompt=["x = ", "y = "], max_tokens=3, n=2, temperature=0)
