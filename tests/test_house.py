@@ -58,7 +58,10 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # decode step did not move measurably, docs/performance.md), the thread tuner's look
 # at /proc/stat before its start try (~40: ~3% of every short decode), kernels that read numba's
 # target so NUMBA_CPU_NAME=generic runs (~15), a preloaded malloc named and left alone (~17)
-MAX_PACKAGE_LINES = 16_375
+# -> 16,400 (2026-12-05, evening): the decode GEMVs ask for their weight rows ahead
+# (_simd.prefetch_ahead and its IR, ~25 lines: a Q4_K_M decode step of the medium model
+# 13.5-17.5 -> 9.4-12.7 ms in 3 interleaved pairs, bf16 ~6%, Xeon EMR VM; docs/performance.md)
+MAX_PACKAGE_LINES = 16_400
 
 
 def _module_name(path: Path) -> str:

@@ -154,6 +154,37 @@ def _row_dot(context, builder, sig, args, block_bytes, values, block_lanes):
     return builder.call(total, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
 
 
+def _prefetch_ahead(context, builder, sig, args):
+    """_simd.prefetch_ahead: the row max(1, PREFETCH_BYTES // row bytes) past r, when there is one."""
+    w = context.make_array(sig.args[0])(context, builder, args[0])
+    row_bytes, rows = builder.extract_value(w.strides, 0), builder.extract_value(w.shape, 0)
+    divisor = builder.select(builder.icmp_signed(">", row_bytes, ir.Constant(I64, 0)), row_bytes, ir.Constant(I64, 1))
+    ahead = builder.sdiv(ir.Constant(I64, _simd.PREFETCH_BYTES), divisor)
+    target = builder.add(context.cast(builder, args[1], sig.args[1], types.int64),
+                         builder.select(builder.icmp_signed(">", ahead, ir.Constant(I64, 0)), ahead, ir.Constant(I64, 1)))
+    i8p = I8.as_pointer()
+    prefetch = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+    hint = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]     # read, keep, data
+    with builder.if_then(builder.icmp_signed("<", target, rows)):
+        start = builder.gep(builder.bitcast(w.data, i8p), [builder.mul(target, row_bytes)])
+        lines = builder.add(builder.sdiv(row_bytes, ir.Constant(I64, 64)), ir.Constant(I64, 1))
+        with cgutils.for_range(builder, lines) as loop:
+            builder.call(prefetch, [builder.gep(start, [builder.mul(loop.index, ir.Constant(I64, 64))])] + hint)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _prefetch_row(typingctx, w, r):
+    return types.none(w, r), _prefetch_ahead
+
+
+@overload(_simd.prefetch_ahead, inline="always")
+def _prefetch_overload(w, r):
+    if isinstance(w, types.Array) and w.layout == "C" and w.ndim >= 1 and isinstance(r, types.Integer):
+        return lambda w, r: _prefetch_row(w, r)
+    return lambda w, r: None
+
+
 def _contiguous(*arrays):
     return all(isinstance(t, types.Array) and t.layout == "C" for t in arrays)
 

@@ -156,7 +156,7 @@ def _gate_up_pairs(xs, gate_up, uniq, offs, ptok, act):
                 dots(xs, toks[:n4], w[i], g)
                 dots(xs, toks[:n4], w[I + i], v)
             for j in range(n4, n):
-                g[j], v[j] = dot_rows2(xs[toks[j]], w[i], w[I + i])
+                g[j], v[j] = dot_rows2(xs[toks[j]], w, i, I + i)
             for j in range(n):
                 act[offs[u] + j, i % 2, i // 2] = silu_mul(g[j], v[j])
 

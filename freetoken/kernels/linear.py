@@ -3,6 +3,7 @@ tests/kernels/test_linear.py, bench/kernels/experts_cpu.py (its linear rows)."""
 import numpy as np
 
 from freetoken.kernels._bf16 import to_f32
+from freetoken.kernels._simd import prefetch_ahead
 from freetoken.kernels import linear_quant
 from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
 from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
@@ -54,8 +55,12 @@ def _gemv(xs, w, toks, out):
 # rows of a block of ROWS are taken ROWS/4 apart. bf16-pair rows only (the layouts of _numba).
 
 @njit(inline="always", **SERIAL)
-def dot_rows2(xs, w0, w1):
-    """(dot(xs, w0), dot(xs, w1)) for bf16-pair rows u32[K/2] and one activation xs f32[2,K/2]."""
+def dot_rows2(xs, w, r0, r1):
+    """(dot(xs, w[r0]), dot(xs, w[r1])) for bf16-pair rows w u32[M,K/2] and one activation xs
+    f32[2,K/2]; the rows ahead of both asked for (prefetch_ahead)."""
+    prefetch_ahead(w, r0)
+    prefetch_ahead(w, r1)
+    w0, w1 = w[r0], w[r1]
     xe, xo = xs[0], xs[1]
     a0 = b0 = a1 = b1 = np.float32(0.0)
     for i in range(w0.shape[0]):
@@ -93,10 +98,13 @@ def rows_block4(xt, w, r0, r1, out):
     if r1 - r0 == ROWS:
         q = ROWS // 4
         for r in range(r0, r0 + q):
+            for stream in range(4):
+                prefetch_ahead(w, r + stream * q)
             out[r], out[r + q], out[r + 2 * q], out[r + 3 * q] = dot_rows4(
                 xt, w[r], w[r + q], w[r + 2 * q], w[r + 3 * q])
     else:
         for r in range(r0, r1):
+            prefetch_ahead(w, r)
             out[r] = dot(xt, w[r])
 
 

@@ -19,7 +19,7 @@ Shape legend: T rows (tokens), K values per row (a multiple of 32), K/32 the gro
 import numpy as np
 
 from freetoken.kernels._numba import SERIAL, njit, prange
-from freetoken.kernels._simd import idot_mxfp4, idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0
+from freetoken.kernels._simd import idot_mxfp4, idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0, prefetch_ahead
 from freetoken.kernels.qblocks import check_code, dot_row, values_of
 from freetoken.kernels.qformats import format_named, format_of, is_quantized
 
@@ -173,6 +173,8 @@ def rows_dot_tokens(w, code, int8, xa, toks, p0, p1, r0, r1, out, by_row):
             t = toks[p]
             xq, xd, xs = xa[1][t], xa[2][t], xa[3][t]
             for r in range(r0, r1):
+                if p == p0:
+                    prefetch_ahead(w, r)
                 v = idot_blocks(w[r], code, xq, xd, xs)
                 if by_row:
                     out[r, p] = v
@@ -181,6 +183,7 @@ def rows_dot_tokens(w, code, int8, xa, toks, p0, p1, r0, r1, out, by_row):
     else:
         for r in range(r0, r1):
             row = w[r]
+            prefetch_ahead(w, r)
             for p in range(p0, p1):
                 v = dot_token(row, code, xa, toks[p], int8)
                 if by_row:

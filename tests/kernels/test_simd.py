@@ -52,3 +52,63 @@ def test_an_edit_to_the_vector_code_recompiles_the_kernels_that_inline_it():
     qblocks.dot_rows.dispatcher                          # resolves the kernel and its sources
     names = {os.path.basename(p) for p in qblocks.dot_rows.sources}
     assert {"qblocks.py", "_numba.py", "_simd.py", "_simd_ir.py"} <= names
+
+
+def test_prefetch_ahead_is_a_prefetch_of_the_row_ahead_and_nothing_else():
+    """prefetch_ahead compiles to llvm.prefetch for a C-contiguous array (to nothing for a strided
+    view), changes nothing, and may be asked for any row, the last ones and empty arrays
+    included (it asks only for rows that exist)."""
+    from freetoken.kernels._numba import SERIAL, njit
+
+    @njit(**{**SERIAL, "cache": False})           # cached code has no IR to look at
+    def every_row(w):
+        for r in range(w.shape[0] + 2):
+            _simd.prefetch_ahead(w, r)
+        return w.shape[0]
+
+    rng = np.random.default_rng(2)
+    for shape in [(0, 144), (1, 34), (7, 3, 210), (5000, 3)]:
+        w = rng.integers(0, 256, shape, dtype=np.uint8)
+        before = w.copy()
+        assert every_row(w) == shape[0]
+        np.testing.assert_array_equal(w, before)
+    every_row(w[:, ::2])
+    irs = every_row.dispatcher.inspect_llvm()
+    by_layout = {sig[0].layout: ir for sig, ir in irs.items()}
+    assert "llvm.prefetch" in by_layout["C"] and "llvm.prefetch" not in by_layout["A"]
+
+
+@pytest.mark.parametrize("kernel", ["linear_quant._gemv", "experts_quant._decode",
+                                    "linear._gemv_pairs", "experts._gate_up_pairs", "experts._down_pairs"])
+def test_the_decode_gemvs_ask_for_the_rows_ahead(kernel):
+    """Every decode GEMV over weights in memory prefetches (docs/performance.md: a q4_k decode
+    step ~25% faster on the Xeon EMR VM): its compiled code calls llvm.prefetch. Run through the
+    ops so each kernel is compiled with the types the engine gives it."""
+    import importlib
+    from freetoken.backend import get_ops
+    module, name = kernel.split(".")
+    compiled = getattr(importlib.import_module(f"freetoken.kernels.{module}"), name).dispatcher
+    rng = np.random.default_rng(3)
+    ops = get_ops("cpu", cpu_dots="int8")
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    if module == "linear_quant":
+        from freetoken.kernels.qformats import random_blocks
+        ops.linear(x, random_blocks("q4_k", (64,), 256, rng))
+    elif module == "linear":
+        ops.linear(x, (rng.standard_normal((64, 256)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+    else:
+        ids, weights = np.array([[0, 2]], np.int32), np.array([[0.5, 0.5]], np.float32)
+        if module == "experts_quant":
+            from freetoken.kernels.qformats import random_blocks
+            gate_up, down = random_blocks("q4_k", (4, 512), 256, rng), random_blocks("q4_k", (4, 256), 256, rng)
+        else:
+            bits = lambda *s: (rng.standard_normal(s).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731
+            gate_up, down = bits(4, 512, 256), bits(4, 256, 256)
+        ops.experts(x, ids, weights, gate_up, down)
+    assert compiled.overloads, f"{kernel} did not run"
+    from freetoken.kernels._numba import load_numba
+    lazy, numba = getattr(importlib.import_module(f"freetoken.kernels.{module}"), name), load_numba()
+    fresh = numba.njit(**{**lazy.options, "cache": False})(lazy._resolved(numba))   # cached code has no IR
+    for sig in compiled.signatures:
+        fresh.compile(sig)
+        assert "llvm.prefetch" in fresh.inspect_llvm(sig)
