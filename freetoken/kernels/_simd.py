@@ -91,8 +91,8 @@ def idot_mxfp4(row, xq, xd, xs):
 
 
 def prefetch_ahead(w, r):
-    """A hint, no result: ask the cache for the row about PREFETCH_BYTES past row r of w (a
-    C-contiguous array of rows w[i]; nothing past its end). Compiled (kernels/_simd_ir.py) to one
+    """A hint, no result: ask the cache for the row about PREFETCH_BYTES past row r of w (an
+    array of rows w[i], each contiguous; nothing past its end). Compiled (kernels/_simd_ir.py) to one
     llvm.prefetch per 64 bytes of that row; in Python, nothing. Why: a decode GEMV reads every
     weight row once from memory, and the hardware prefetchers alone left the int8 dots waiting
     on it (a q4_k GEMV over 8 cold 1024 x 1024 matrices, 2 threads, Xeon EMR VM: 9.4-9.5 GB/s
