@@ -89,8 +89,10 @@ def test_the_decode_gemvs_ask_for_the_rows_ahead(kernel):
     ops so each kernel is compiled with the types the engine gives it."""
     import importlib
     from freetoken.backend import get_ops
+    from freetoken.kernels._numba import load_numba
     module, name = kernel.split(".")
-    compiled = getattr(importlib.import_module(f"freetoken.kernels.{module}"), name).dispatcher
+    lazy = getattr(importlib.import_module(f"freetoken.kernels.{module}"), name)
+    compiled = lazy.dispatcher
     rng = np.random.default_rng(3)
     ops = get_ops("cpu", cpu_dots="int8")
     x = rng.standard_normal((1, 256)).astype(np.float32)
@@ -109,8 +111,7 @@ def test_the_decode_gemvs_ask_for_the_rows_ahead(kernel):
             gate_up, down = bits(4, 512, 256), bits(4, 256, 256)
         ops.experts(x, ids, weights, gate_up, down)
     assert compiled.overloads, f"{kernel} did not run"
-    from freetoken.kernels._numba import load_numba
-    lazy, numba = getattr(importlib.import_module(f"freetoken.kernels.{module}"), name), load_numba()
+    numba = load_numba()
     fresh = numba.njit(**{**lazy.options, "cache": False})(lazy._resolved(numba))   # cached code has no IR
     for sig in compiled.signatures:
         fresh.compile(sig)
