@@ -64,12 +64,12 @@ def gemm_variants(fmt, M, K, T, rng):
         def run():
             q, d, _ = qact.quantize(x)
             src, first = qgemm.lane_sources(offs, np.arange(T, dtype=np.int32))
-            kernel(w, code, qgemm.tiles(q, d, src, code), uniq, offs, first, res, False)
+            kernel(w, code, qgemm.tiles(q, d, src, code), uniq, offs, first, res, qgemm.into(False))
         return run
 
     def dequant_sgemm():
         linear_quant.dequant_rows(w[0], buf) @ qact.rounded(x, parallel=False).T
-    kernels = {"VNNI": qgemm._gemm}
+    kernels = {"VNNI": qgemm.vnni}
     if _isa.amx_int8() and code in qgemm.AMX_CODES:
         from freetoken.kernels import qgemm_amx
         kernels["AMX"] = lambda w, code, *rest: qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], *rest)

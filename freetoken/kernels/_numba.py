@@ -5,7 +5,7 @@ Kernel code uses these names from here, all valid plain Python too:
   ``njit(**options)``  decorator; nested calls between lazy kernels work (callees compile first)
   ``prange``           ``range`` in Python, ``numba.prange`` inside a compiled kernel
   ``widen(v)``         bf16 bits (uint16) or any float -> float32
-  ``from_bits(u)``     uint32 bit pattern -> float32 (a bitcast)
+  ``from_bits(u)``     uint32 bit pattern -> float32 (a bitcast); ``to_bits(f)`` the other way
   ``narrow(v, arr)``   float32 -> ``arr``'s dtype: bf16 bits (round to nearest even) or float
 and the GEMV inner loops shared by linear, experts and attention (see "row dot products").
 """
@@ -55,6 +55,11 @@ def widen(v):
 def from_bits(u):
     """uint32 bit pattern -> float32 (Python fallback of the compiled bitcast)."""
     return np.array([u], np.uint32).view(np.float32)[0]
+
+
+def to_bits(f):
+    """float32 -> its uint32 bit pattern (Python fallback of the compiled bitcast)."""
+    return np.array([f], np.float32).view(np.uint32)[0]
 
 
 def narrow(v, like):
@@ -117,9 +122,7 @@ def _register_overloads(numba):
             return lambda v: bits_to_f32(np.uint32(v) << np.uint32(16))
         return lambda v: np.float32(v)
 
-    @overload(from_bits, inline="always")
-    def _from_bits(u):
-        return lambda u: bits_to_f32(np.uint32(u))
+    overload(from_bits, inline="always")(lambda u: lambda u: bits_to_f32(np.uint32(u)))
 
     def by_row_type(pairs, plain):
         return lambda w: pairs if w.dtype == types.uint32 else plain
@@ -130,6 +133,8 @@ def _register_overloads(numba):
     # an overload inlined at numba IR level: a call into another compiled function costs each
     # row a call and reference counting of its array views (measured ~15% of a 1 KB row)
     overload(dots, inline="always")(lambda xs, toks, w, res: dots)
+
+    overload(to_bits, inline="always")(lambda f: lambda f: f32_to_bits(np.float32(f)))
 
     @overload(narrow, inline="always")
     def _narrow(v, like):

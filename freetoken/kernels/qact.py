@@ -18,7 +18,7 @@ Shape legend: T rows (tokens), K values per row (a multiple of 32), K/32 the gro
 """
 import numpy as np
 
-from freetoken.kernels._numba import SERIAL, njit, prange
+from freetoken.kernels._numba import SERIAL, from_bits, njit, prange, to_bits
 from freetoken.kernels._simd import idot_mxfp4, idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0, prefetch_ahead
 from freetoken.kernels.qblocks import check_code, dot_row, values_of
 from freetoken.kernels.qformats import format_named, format_of, is_quantized
@@ -52,9 +52,13 @@ def dequantize_ref(q, d):
 
 @njit(**EXACT)
 def _quantize_group(x, q, d, s, t, g):
-    amax = np.float32(0.0)
+    """Group g of row t. max|x| is taken on the bits (sign cleared): for
+    non-negative floats their order, so the same maximum, and an integer max vectorizes where
+    a float one without fastmath does not (a NaN's bits are above inf's, so NaN wins as in numpy)."""
+    top = np.uint32(0)
     for i in range(g * GROUP, g * GROUP + GROUP):
-        amax = max(amax, abs(x[t, i]))
+        top = max(top, np.uint32(to_bits(x[t, i]) & np.uint32(0x7FFFFFFF)))
+    amax = from_bits(top)
     dg = amax / np.float32(127.0)
     inv = np.float32(1.0) / dg if dg > 0 else np.float32(0.0)
     total = 0

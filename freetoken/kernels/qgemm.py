@@ -14,6 +14,7 @@ bytes, P routed pairs, U experts used, N tiles of 16 lanes, G values per group (
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels._tile_out import into, put, runs
 from freetoken.kernels._simd import itile_mxfp4, itile_q4_k, itile_q5_k, itile_q6_k, itile_q8_0
 from freetoken.kernels.qformats import format_of, is_quantized
 
@@ -98,37 +99,48 @@ def _itile(row, code, xt, xd, xs, xb, first, out):
         itile_q6_k(row, xt, xd, xs, xb, first, out)
 
 
-@njit(**HOT)
-def _gemm(w, code, t, uniq, offs, first, res, rows_first):
-    """For group u (weights w[uniq[u]] u8[M,K/V,B]), its lane j's product with row m:
-    res[m, offs[u] + j] when rows_first, else res[offs[u] + j, m]."""
+@njit(**SERIAL)
+def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, out):
+    """Rows m0..m1 of group u's expert against all of its tiles, into res."""
     xt, xd, xs, xb = t
+    p0, count = offs[u], offs[u + 1] - offs[u]
+    for n in range(first[u], first[u + 1]):        # a tile's 16 tokens stay in L1 for all rows
+        lanes = min(LANES, count - (n - first[u]) * LANES)
+        p = p0 + (n - first[u]) * LANES
+        for m in range(m0, m1):
+            _itile(w[uniq[u], m], code, xt, xd, xs, xb, n, out)
+            for j in range(lanes):
+                put(res, where, p + j, m, out[0, j])
+
+
+@njit(**HOT)
+def _gemm(w, code, t, uniq, offs, first, res, where, n_runs):
+    """For group u (weights w[uniq[u]] u8[M,K/V,B]), its lane j's product with row m goes to
+    res as ``put`` says, pair p = offs[u] + j. In ``n_runs`` runs of equal
+    row ranges, each over every group in turn: a group's tiles stay in L2 for the run's rows."""
     M, U = w.shape[1], uniq.shape[0]
     chunks = (M + ROWS - 1) // ROWS
-    for item in prange(U * chunks):
-        c, u = item // U, item % U                      # chunk-major: both threads see every group
-        m0, m1, p0, count = c * ROWS, min(c * ROWS + ROWS, M), offs[u], offs[u + 1] - offs[u]
+    for run in prange(n_runs):
         out = np.empty((1, LANES), np.float32)
-        for n in range(first[u], first[u + 1]):        # a tile's 16 tokens stay in L1 for all rows
-            lanes = min(LANES, count - (n - first[u]) * LANES)
-            p = p0 + (n - first[u]) * LANES
-            for m in range(m0, m1):
-                _itile(w[uniq[u], m], code, xt, xd, xs, xb, n, out)
-                for j in range(lanes):
-                    if rows_first:
-                        res[m, p + j] = out[0, j]
-                    else:
-                        res[p + j, m] = out[0, j]
+        for u in range(U):
+            for c in range(run * chunks // n_runs, (run + 1) * chunks // n_runs):
+                _rows(w, code, t, u, c * ROWS, min(c * ROWS + ROWS, M), uniq, offs, first, res, where, out)
 
 
-def gemm(w, t, uniq, offs, first, res, rows_first):
+def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None):
     """Each group's weights against its tiles t (``tiles``, lanes from ``lane_sources``): w
     [S,M,K/V,B] (a quantized bank, groups reading slots uniq) -> res f32[M,P] when rows_first,
-    else [P,M]. On AMX tiles where the CPU has them (_isa.amx_int8, kernels/qgemm_amx.py)."""
+    else [P,M]; with add_to = (ptok, pw), res f32[T,M] += pw[p] * pair p's product at row
+    ptok[p] instead. On AMX tiles where the CPU has them (_isa.amx_int8, kernels/qgemm_amx.py)."""
     from freetoken.kernels._isa import amx_int8
     code = format_of(w).code
     if amx_int8() and code in AMX_CODES:
         from freetoken.kernels import qgemm_amx
-        return qgemm_amx.gemm(w, code, GROUPS[code][0], t, uniq, offs, first, res, rows_first)
-    _gemm(w, code, t, uniq, offs, first, res, rows_first)
+        return qgemm_amx.gemm(w, code, GROUPS[code][0], t, uniq, offs, first, res, into(rows_first, add_to))
+    return vnni(w, code, t, uniq, offs, first, res, into(rows_first, add_to))
+
+
+def vnni(w, code, t, uniq, offs, first, res, where):
+    """``gemm`` on the VNNI tiles whatever the CPU has (format ``code``; where: ``into``'s)."""
+    _gemm(w, code, t, uniq, offs, first, res, where, runs(w.shape[1], ROWS))
     return res

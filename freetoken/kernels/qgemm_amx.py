@@ -15,9 +15,9 @@ import numpy as np
 
 from freetoken.kernels import _amx
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels._tile_out import put, runs
 
 R = LANES = 16                # weight rows a work item; tokens a tile (its int32 columns)
-CHUNKS = 64                   # runs of work items: load balance against buffer set-ups
 
 
 @njit(inline="always", **SERIAL)
@@ -56,7 +56,7 @@ def _rows_against_tiles(A, a, c, cfg, code, xt, xd, xs, xb, n0, n1, G, acc):
 
 
 @njit(**SERIAL)
-def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, rows_first, A, a, c, acc):
+def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, A, a, c, acc):
     """Rows rb*16 .. of group u's expert against its tiles, into res (buffers A, a, c, acc are
     the caller's: rows past M are left unread garbage, their results dropped)."""
     xt, xd, xs, xb = t
@@ -70,32 +70,30 @@ def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, rows_first, A, a, c
         for lane in range(min(LANES, count - n * LANES)):
             p = p0 + n * LANES + lane
             for r in range(rows):
-                if rows_first:
-                    res[m0 + r, p] = acc[n, r, lane]
-                else:
-                    res[p, m0 + r] = acc[n, r, lane]
+                put(res, where, p, m0 + r, acc[n, r, lane])
 
 
 @njit(**HOT)
-def _gemm(w, code, G, cfg, t, uniq, offs, first, res, rows_first):
-    """qgemm._gemm's contract, 16 rows a work item, the items in CHUNKS runs (one set of
-    buffers a run)."""
+def _gemm(w, code, G, cfg, t, uniq, offs, first, res, where, n_runs):
+    """qgemm._gemm's contract, 16 rows a work item, in ``n_runs`` runs of equal row ranges, each
+    over every expert, expert-major (one set of buffers a run): an expert's tiles stay in L2
+    for all of the run's row blocks, and no two runs write the same columns of res."""
     M, U, K = w.shape[1], uniq.shape[0], t[0].shape[1] * 4
-    items = U * ((M + R - 1) // R)
+    blocks = (M + R - 1) // R
     most = np.max(first[1:] - first[:-1]) if U else 0
-    runs = min(items, CHUNKS)
-    for run in prange(runs):
+    for run in prange(n_runs):
         A, acc = np.empty((R, K), np.uint8), np.empty((max(most, 1), R, LANES), np.float32)
         a, c = np.empty((R, K // G), np.float32), np.empty((R, K // G), np.float32)
-        for item in range(run * items // runs, (run + 1) * items // runs):
-            rb, u = item // U, item % U                 # row-block-major: both threads see every group
-            _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, rows_first, A, a, c, acc)
+        for u in range(U):
+            for rb in range(run * blocks // n_runs, (run + 1) * blocks // n_runs):
+                _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, A, a, c, acc)
 
 
-def gemm(w, code, G, t, uniq, offs, first, res, rows_first):
+def gemm(w, code, G, t, uniq, offs, first, res, where):
     """qgemm.gemm on AMX tiles for format ``code`` (groups of G values; the tiles' xb carries
-    the quants' offset; the caller checked _isa.amx_int8()). Formats qgemm.AMX_CODES only."""
+    the quants' offset; the caller checked _isa.amx_int8(); where: _tile_out.into's). Formats
+    qgemm.AMX_CODES only."""
     if code not in (4, 7, 8, 9):                 # qgemm.AMX_CODES (that module imports this one)
         raise ValueError(f"the AMX tiles read q8_0 and the K-quants, not format code {code}")
-    _gemm(w, code, G, _amx.config(G), t, uniq, offs, first, res, rows_first)
+    _gemm(w, code, G, _amx.config(G), t, uniq, offs, first, res, where, runs(w.shape[1], R))
     return res

@@ -39,6 +39,18 @@ def test_quantize_is_bit_exact_with_the_spec(T):
     np.testing.assert_array_equal(qact.rounded(x), qact.rounded_ref(x))
 
 
+@pytest.mark.parametrize("T", [1, 17])
+def test_a_group_with_inf_or_nan_gets_the_specs_scale(T):
+    """max|x| is taken on the bits: -inf's group gets d = inf and a NaN's group d = NaN, as in
+    numpy; the other groups are untouched."""
+    x = activations(np.random.default_rng(5), T, 128)
+    x[-1, 33], x[-1, 70] = -np.inf, np.nan
+    (q, d, _), (q_ref, d_ref, _) = qact.quantize(x), qact.quantize_ref(x)
+    assert d[-1, 1] == np.inf and np.isnan(d[-1, 2]) and np.isnan(d_ref[-1, 2])
+    np.testing.assert_array_equal(d, d_ref)
+    np.testing.assert_array_equal(q[:, :32], q_ref[:, :32])
+
+
 @pytest.mark.parametrize("name", ["q8_0", "q4_k", "q6_k"])
 def test_the_kernels_own_rounding_is_the_spec_in_blocks(name):
     """prepared(): what the GEMV kernels round inside themselves, bit for bit quantize_ref, in

@@ -45,6 +45,16 @@ def test_grouped_tile_gemm_matches_the_spec(name):
     np.testing.assert_allclose(got, want, atol=2e-6 * scale.max(), rtol=1e-5)
     got_t = qgemm.gemm(w, t, uniq, offs, first, np.full((37, 102), np.nan, np.float32), True)
     np.testing.assert_array_equal(got_t, got.T)
+    pw = rng.uniform(0.1, 1.0, 102).astype(np.float32)
+    assert_added(qgemm.gemm(w, t, uniq, offs, first, np.ones((90, 37), np.float32), False, (rows, pw)), got, rows, pw)
+
+
+def assert_added(added, got, rows, pw):
+    """add_to's result: 1 + each pair's product weighted, summed at its token's row (token 3
+    twice, tokens not taken keep their 1)."""
+    want = np.ones_like(added)
+    np.add.at(want, rows, pw[:, None] * got)
+    np.testing.assert_allclose(added, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("name", NAMES)

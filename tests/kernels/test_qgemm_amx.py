@@ -3,7 +3,7 @@ kernel and against that kernel itself, for every format it reads (mxfp4 stays on
 CPU without AMX-INT8 (or where Linux does not grant the tiles)."""
 import numpy as np
 import pytest
-from test_qgemm import NAMES, _bank, _want
+from test_qgemm import NAMES, _bank, _want, assert_added
 from test_qact import activations
 
 from freetoken.kernels import _isa, qact, qformats, qgemm
@@ -27,10 +27,14 @@ def test_amx_gemm_matches_the_spec_and_the_vnni_kernel(name, M):
     code = qformats.format_of(w).code
     t = qgemm.tiles(q, d, src, code)
     want, scale = _want(w, x, uniq, offs, rows)
-    got = qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], t, uniq, offs, first, np.full((102, M), np.nan, np.float32), False)
+    got = qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], t, uniq, offs, first, np.full((102, M), np.nan, np.float32), qgemm.into(False))
     np.testing.assert_allclose(got, want, atol=2e-6 * scale.max(), rtol=1e-5)
-    got_t = qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], t, uniq, offs, first, np.full((M, 102), np.nan, np.float32), True)
+    got_t = qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], t, uniq, offs, first, np.full((M, 102), np.nan, np.float32), qgemm.into(True))
     np.testing.assert_array_equal(got_t, got.T)
     vnni = np.full((102, M), np.nan, np.float32)
-    qgemm._gemm(w, code, t, uniq, offs, first, vnni, False)
+    qgemm.vnni(w, code, t, uniq, offs, first, vnni, qgemm.into(False))
     np.testing.assert_allclose(got, vnni, atol=1e-6 * scale.max(), rtol=1e-6)
+    pw = rng.uniform(0.1, 1.0, 102).astype(np.float32)
+    added = qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], t, uniq, offs, first, np.ones((90, M), np.float32),
+                           qgemm.into(False, (rows, pw)))
+    assert_added(added, got, rows, pw)
