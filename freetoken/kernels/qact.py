@@ -50,24 +50,30 @@ def dequantize_ref(q, d):
     return g.reshape(q.shape)
 
 
-@njit(**EXACT)
+# the group's sum of quants may be added in any order (32 integers within +-127: every partial sum
+# is exact in fp32), so "reassoc" alone, which lets it vectorize and changes no other operation
+SUM_IN_ANY_ORDER = dict(EXACT, fastmath={"reassoc"})
+
+
+@njit(**SUM_IN_ANY_ORDER)
 def _quantize_group(x, q, d, s, t, g):
-    """Group g of row t. max|x| is taken on the bits (sign cleared): for
-    non-negative floats their order, so the same maximum, and an integer max vectorizes where
-    a float one without fastmath does not (a NaN's bits are above inf's, so NaN wins as in numpy)."""
+    """Group g of row t. max|x| is taken on the bits (sign cleared): for non-negative floats
+    their order, so the same maximum, and an integer max vectorizes where a float one without
+    fastmath does not (a NaN's bits are above inf's, so NaN wins as in numpy). Row views: the
+    2-D indexing compiled to gathers."""
+    xs, qs = x[t, g * GROUP:g * GROUP + GROUP], q[t, g * GROUP:g * GROUP + GROUP]
     top = np.uint32(0)
-    for i in range(g * GROUP, g * GROUP + GROUP):
-        top = max(top, np.uint32(to_bits(x[t, i]) & np.uint32(0x7FFFFFFF)))
-    amax = from_bits(top)
-    dg = amax / np.float32(127.0)
+    for i in range(GROUP):
+        top = max(top, np.uint32(to_bits(xs[i]) & np.uint32(0x7FFFFFFF)))
+    dg = from_bits(top) / np.float32(127.0)
     inv = np.float32(1.0) / dg if dg > 0 else np.float32(0.0)
-    total = 0
-    for i in range(g * GROUP, g * GROUP + GROUP):
-        v = min(max(np.rint(x[t, i] * inv), np.float32(-127.0)), np.float32(127.0))
-        q[t, i] = np.int8(v)
-        total += np.int32(v)
+    total = np.float32(0.0)
+    for i in range(GROUP):
+        v = min(max(np.rint(xs[i] * inv), np.float32(-127.0)), np.float32(127.0))
+        qs[i] = np.int8(np.int32(v))
+        total += v
     d[t, g] = dg
-    s[t, g] = dg * np.float32(total)
+    s[t, g] = dg * total
 
 
 @njit(parallel=True, **EXACT)
