@@ -50,13 +50,16 @@ def _fill_tiles(q, q32, d, src, G, off, xt32, xd, xs, xb):
                 xs[n, :, lane] = 0
                 xb[n, :, lane] = 0
                 continue
-            xt32[n, :, lane] = q32[t]
-            xd[n, :, lane] = d[t]
+            qrow32, drow, qrow = q32[t], d[t], q[t]           # row views: 2-D indexing compiled to gathers
+            for k in range(qrow32.shape[0]):
+                xt32[n, k, lane] = qrow32[k]
+            for j in range(drow.shape[0]):
+                xd[n, j, lane] = drow[j]
             for g in range(xs.shape[1]):
-                total = 0
-                for i in range(g * G, g * G + G):
-                    total += np.int32(q[t, i])
-                xs[n, g, lane] = d[t, (g * G) // 32] * np.float32(total)
+                group, total = qrow[g * G:g * G + G], np.int32(0)
+                for i in range(G):
+                    total += np.int32(group[i])
+                xs[n, g, lane] = drow[(g * G) // 32] * np.float32(total)
                 xb[n, g, lane] = -off * total
 
 
