@@ -1,6 +1,8 @@
 """Where the tile GEMMs' results go (kernels/qgemm.py on VNNI, kernels/qgemm_amx.py on AMX):
 ``put`` writes pair p's product with weight row m into a [P,M] or [M,P] result, or adds it
-weighted into a token's row of the experts' output; ``runs`` splits the weight rows into runs
+weighted into a token's row of the experts' output; with ``where``'s half set, the GEMMs give
+silu(row m's product) * row half + m's (the experts' gate and up halves: no [P,2I] result and no
+pass over it; ``gated``); ``runs`` splits the weight rows into runs
 of equal ranges, each run over every expert in turn (a run owns its rows, so the adds never
 race, and an expert's token tiles stay in L2 for all of the run's rows).
 
@@ -8,6 +10,7 @@ Shape legend: kernels/qgemm.py's; T tokens of the output a pair's weighted produ
 """
 import numpy as np
 
+from freetoken.kernels._activations import silu
 from freetoken.kernels._numba import SERIAL, njit
 
 
@@ -16,7 +19,7 @@ def put(res, into, p, m, value):
     """Pair p's product with weight row m into res as ``into`` = (layout, ptok, pw) says:
     layout 0 res[p, m], 1 res[m, p], 2 res[ptok[p], m] += pw[p] * value (the experts' weighted
     sum, added in the pairs' order as a pass over res would: a run owns its rows m)."""
-    layout, ptok, pw = into
+    layout, ptok, pw, _ = into
     if layout == 0:
         res[p, m] = value
     elif layout == 1:
@@ -25,11 +28,18 @@ def put(res, into, p, m, value):
         res[ptok[p], m] += pw[p] * value
 
 
-def into(rows_first, add_to=None):
-    """``put``'s (layout, ptok, pw) for gemm's arguments."""
+@njit(inline="always", **SERIAL)
+def gated(value, second, half):
+    """The value ``put`` gets: silu(value) * second when the GEMM pairs rows m and half + m."""
+    return silu(value) * second if half else value
+
+
+def into(rows_first, add_to=None, half=0):
+    """``put``'s (layout, ptok, pw) and the swiglu's half (0: none) for gemm's arguments."""
     if add_to is None:
-        return np.int64(1 if rows_first else 0), np.zeros(0, np.int32), np.zeros(0, np.float32)
-    return np.int64(2), np.ascontiguousarray(add_to[0], np.int32), np.ascontiguousarray(add_to[1], np.float32)
+        return np.int64(1 if rows_first else 0), np.zeros(0, np.int32), np.zeros(0, np.float32), np.int64(half)
+    return (np.int64(2), np.ascontiguousarray(add_to[0], np.int32), np.ascontiguousarray(add_to[1], np.float32),
+            np.int64(half))
 
 
 RUNS_PER_THREAD = 2            # row ranges a thread: equal work each, few re-reads of the tiles

@@ -28,7 +28,7 @@ ROWS = 32            # rows per parallel work item, as in experts.py
 GEMM_MIN_PAIRS = 6   # routed tokens per expert (mean) from which the tile GEMM beats the GEMV: a
                      # 64-expert top-8 layer of q4_k/q6_k (H 1024, I 512), 2-core Xeon, GEMV / GEMM
                      # time 0.62 at 2 tokens an expert, 1.00 at 4, 1.59 at 8, 2.18 at 16
-PASS_PAIRS = 4096    # routed pairs per GEMM pass: bounds h [pairs, 2I] and the tiles (a prefill
+PASS_PAIRS = 4096    # routed pairs per GEMM pass: bounds act [pairs, I] and the tiles (a prefill
                      # chunk of 8192 tokens, top-8, would otherwise hold 65536 rows of each)
 
 
@@ -113,14 +113,13 @@ def uses_gemm(gate_up, down, dots, plan) -> bool:
 
 def _pass(q, d, gate_up, down, uniq, offs, rows, pw, out):
     """out f32[T,H] += each pair's expert output weighted by pw, for groups uniq of rows of the
-    rounded x (q, d): gate_up's tile GEMM, the silu, the activations rounded, down's tile GEMM
-    adding into out as it goes (a separate pass over a [P,H] result was ~5% of a prefill)."""
+    rounded x (q, d): gate_up's tile GEMM with the silu (a row and its up row together: no
+    [P,2I] result), the activations rounded, down's tile GEMM adding into out as it goes (a
+    separate pass over a [P,H] result was ~5% of a prefill)."""
     P, I = rows.shape[0], gate_up.shape[1] // 2
     src, first = qgemm.lane_sources(offs, rows)
     t = qgemm.tiles(q, d, src, format_of(gate_up).code)
-    h = qgemm.gemm(gate_up, t, uniq, offs, first, np.empty((P, 2 * I), np.float32), False)   # [P,2I]
-    act = np.empty((P, I), np.float32)
-    _swiglu(h, act)
+    act = qgemm.gemm(gate_up, t, uniq, offs, first, np.empty((P, I), np.float32), False, swiglu=True)   # [P,I]
     qa, da, _ = quantize(act)
     t = qgemm.tiles(qa, da, qgemm.lane_sources(offs, np.arange(P, dtype=np.int32))[0], format_of(down).code)
     return qgemm.gemm(down, t, uniq, offs, first, out, False, add_to=(rows, pw))

@@ -14,7 +14,7 @@ bytes, P routed pairs, U experts used, N tiles of 16 lanes, G values per group (
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels._tile_out import into, put, runs
+from freetoken.kernels._tile_out import gated, into, put, runs
 from freetoken.kernels._simd import itile_mxfp4, itile_q4_k, itile_q5_k, itile_q6_k, itile_q8_0
 from freetoken.kernels.qformats import format_of, is_quantized
 
@@ -103,8 +103,9 @@ def _itile(row, code, xt, xd, xs, xb, first, out):
 
 
 @njit(**SERIAL)
-def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, out):
-    """Rows m0..m1 of group u's expert against all of its tiles, into res."""
+def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, out, out2):
+    """Rows m0..m1 of group u's expert (and half + m0.. when where's half is set) against all
+    of its tiles, into res."""
     xt, xd, xs, xb = t
     p0, count = offs[u], offs[u + 1] - offs[u]
     for n in range(first[u], first[u + 1]):        # a tile's 16 tokens stay in L1 for all rows
@@ -112,8 +113,10 @@ def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, out):
         p = p0 + (n - first[u]) * LANES
         for m in range(m0, m1):
             _itile(w[uniq[u], m], code, xt, xd, xs, xb, n, out)
+            if where[3]:
+                _itile(w[uniq[u], where[3] + m], code, xt, xd, xs, xb, n, out2)
             for j in range(lanes):
-                put(res, where, p + j, m, out[0, j])
+                put(res, where, p + j, m, gated(out[0, j], out2[0, j], where[3]))
 
 
 @njit(**HOT)
@@ -121,29 +124,30 @@ def _gemm(w, code, t, uniq, offs, first, res, where, n_runs):
     """For group u (weights w[uniq[u]] u8[M,K/V,B]), its lane j's product with row m goes to
     res as ``put`` says, pair p = offs[u] + j. In ``n_runs`` runs of equal
     row ranges, each over every group in turn: a group's tiles stay in L2 for the run's rows."""
-    M, U = w.shape[1], uniq.shape[0]
+    M, U = where[3] if where[3] else w.shape[1], uniq.shape[0]
     chunks = (M + ROWS - 1) // ROWS
     for run in prange(n_runs):
-        out = np.empty((1, LANES), np.float32)
+        out, out2 = np.empty((1, LANES), np.float32), np.empty((1, LANES), np.float32)
         for u in range(U):
             for c in range(run * chunks // n_runs, (run + 1) * chunks // n_runs):
-                _rows(w, code, t, u, c * ROWS, min(c * ROWS + ROWS, M), uniq, offs, first, res, where, out)
+                _rows(w, code, t, u, c * ROWS, min(c * ROWS + ROWS, M), uniq, offs, first, res, where, out, out2)
 
 
-def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None):
+def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None, swiglu=False):
     """Each group's weights against its tiles t (``tiles``, lanes from ``lane_sources``): w
     [S,M,K/V,B] (a quantized bank, groups reading slots uniq) -> res f32[M,P] when rows_first,
     else [P,M]; with add_to = (ptok, pw), res f32[T,M] += pw[p] * pair p's product at row
-    ptok[p] instead. On AMX tiles where the CPU has them (_isa.amx_int8, kernels/qgemm_amx.py)."""
+    ptok[p] instead; swiglu: the products of rows m < M/2 become silu(row m's) * row M/2 + m's
+    (M/2 columns). On AMX tiles where the CPU has them (_isa.amx_int8, kernels/qgemm_amx.py)."""
     from freetoken.kernels._isa import amx_int8
-    code = format_of(w).code
+    code, where = format_of(w).code, into(rows_first, add_to, w.shape[1] // 2 if swiglu else 0)
     if amx_int8() and code in AMX_CODES:
         from freetoken.kernels import qgemm_amx
-        return qgemm_amx.gemm(w, code, GROUPS[code][0], t, uniq, offs, first, res, into(rows_first, add_to))
-    return vnni(w, code, t, uniq, offs, first, res, into(rows_first, add_to))
+        return qgemm_amx.gemm(w, code, GROUPS[code][0], t, uniq, offs, first, res, where)
+    return vnni(w, code, t, uniq, offs, first, res, where)
 
 
 def vnni(w, code, t, uniq, offs, first, res, where):
     """``gemm`` on the VNNI tiles whatever the CPU has (format ``code``; where: ``into``'s)."""
-    _gemm(w, code, t, uniq, offs, first, res, where, runs(w.shape[1], ROWS))
+    _gemm(w, code, t, uniq, offs, first, res, where, runs(where[3] or w.shape[1], ROWS))
     return res

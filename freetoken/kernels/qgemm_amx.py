@@ -15,7 +15,7 @@ import numpy as np
 
 from freetoken.kernels import _amx
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels._tile_out import put, runs
+from freetoken.kernels._tile_out import gated, put, runs
 
 R = LANES = 16                # weight rows a work item; tokens a tile (its int32 columns)
 
@@ -56,21 +56,42 @@ def _rows_against_tiles(A, a, c, cfg, code, xt, xd, xs, xb, n0, n1, G, acc):
 
 
 @njit(**SERIAL)
-def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, A, a, c, acc):
-    """Rows rb*16 .. of group u's expert against its tiles, into res (buffers A, a, c, acc are
-    the caller's: rows past M are left unread garbage, their results dropped)."""
+def _rows_of(w, code, G, cfg, t, u, m0, rows, uniq, first, A, a, c, acc):
+    """acc = rows m0 .. m0 + rows of group u's expert against its tiles (unpacked into A, a, c)."""
     xt, xd, xs, xb = t
-    m0, rows = rb * R, min(R, w.shape[1] - rb * R)
     for r in range(rows):
         _unpack(w[uniq[u], m0 + r], code, r, A, a, c)
-    nt = first[u + 1] - first[u]
     _rows_against_tiles(A, a, c, cfg, code, xt, xd, xs, xb, first[u], first[u + 1], G, acc)
+
+
+@njit(**SERIAL)
+def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, bufs):
+    """Rows rb*16 .. of group u's expert against its tiles, into res; when where's half is set,
+    rows half + rb*16 .. too (``gated``). bufs: the caller's two sets of (A, a, c, acc); rows
+    past M are left unread garbage, their results dropped."""
+    A, a, c, acc, A2, a2, c2, acc2 = bufs
+    half = where[3]
+    m0 = rb * R
+    rows = min(R, (half if half else w.shape[1]) - m0)
+    _rows_of(w, code, G, cfg, t, u, m0, rows, uniq, first, A, a, c, acc)
+    if half:
+        _rows_of(w, code, G, cfg, t, u, half + m0, rows, uniq, first, A2, a2, c2, acc2)
     count, p0 = offs[u + 1] - offs[u], offs[u]
-    for n in range(nt):
+    for n in range(first[u + 1] - first[u]):
         for lane in range(min(LANES, count - n * LANES)):
             p = p0 + n * LANES + lane
             for r in range(rows):
-                put(res, where, p, m0 + r, acc[n, r, lane])
+                put(res, where, p, m0 + r, gated(acc[n, r, lane], acc2[n, r, lane], half))
+
+
+@njit(**SERIAL)
+def _buffers(K, G, most):
+    """A run's two sets of (A u8[R,K], a, c f32[R,K/G], acc f32[most,R,16])."""
+    A, A2 = np.empty((R, K), np.uint8), np.empty((R, K), np.uint8)
+    acc, acc2 = np.empty((max(most, 1), R, LANES), np.float32), np.empty((max(most, 1), R, LANES), np.float32)
+    a, c = np.empty((R, K // G), np.float32), np.empty((R, K // G), np.float32)
+    a2, c2 = np.empty((R, K // G), np.float32), np.empty((R, K // G), np.float32)
+    return A, a, c, acc, A2, a2, c2, acc2
 
 
 @njit(**HOT)
@@ -78,15 +99,14 @@ def _gemm(w, code, G, cfg, t, uniq, offs, first, res, where, n_runs):
     """qgemm._gemm's contract, 16 rows a work item, in ``n_runs`` runs of equal row ranges, each
     over every expert, expert-major (one set of buffers a run): an expert's tiles stay in L2
     for all of the run's row blocks, and no two runs write the same columns of res."""
-    M, U, K = w.shape[1], uniq.shape[0], t[0].shape[1] * 4
+    M, U, K = where[3] if where[3] else w.shape[1], uniq.shape[0], t[0].shape[1] * 4
     blocks = (M + R - 1) // R
     most = np.max(first[1:] - first[:-1]) if U else 0
     for run in prange(n_runs):
-        A, acc = np.empty((R, K), np.uint8), np.empty((max(most, 1), R, LANES), np.float32)
-        a, c = np.empty((R, K // G), np.float32), np.empty((R, K // G), np.float32)
+        bufs = _buffers(K, G, most)
         for u in range(U):
             for rb in range(run * blocks // n_runs, (run + 1) * blocks // n_runs):
-                _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, A, a, c, acc)
+                _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, bufs)
 
 
 def gemm(w, code, G, t, uniq, offs, first, res, where):
@@ -95,5 +115,5 @@ def gemm(w, code, G, t, uniq, offs, first, res, where):
     qgemm.AMX_CODES only."""
     if code not in (4, 7, 8, 9):                 # qgemm.AMX_CODES (that module imports this one)
         raise ValueError(f"the AMX tiles read q8_0 and the K-quants, not format code {code}")
-    _gemm(w, code, G, _amx.config(G), t, uniq, offs, first, res, where, runs(w.shape[1], R))
+    _gemm(w, code, G, _amx.config(G), t, uniq, offs, first, res, where, runs(where[3] or w.shape[1], R))
     return res

@@ -47,6 +47,16 @@ def test_grouped_tile_gemm_matches_the_spec(name):
     np.testing.assert_array_equal(got_t, got.T)
     pw = rng.uniform(0.1, 1.0, 102).astype(np.float32)
     assert_added(qgemm.gemm(w, t, uniq, offs, first, np.ones((90, 37), np.float32), False, (rows, pw)), got, rows, pw)
+    assert_gated(qgemm.gemm(w, t, uniq, offs, first, np.full((102, 18), np.nan, np.float32), False, swiglu=True), got)
+
+
+def assert_gated(gated, got):
+    """swiglu's result: silu(row m's product) * row half + m's, for the first half of the rows
+    (an odd M's last row unused)."""
+    half = gated.shape[1]
+    g = got[:, :half].astype(np.float64)
+    want = g / (1 + np.exp(-g)) * got[:, half:2 * half]
+    np.testing.assert_allclose(gated, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
 
 
 def assert_added(added, got, rows, pw):

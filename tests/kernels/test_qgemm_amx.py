@@ -3,7 +3,7 @@ kernel and against that kernel itself, for every format it reads (mxfp4 stays on
 CPU without AMX-INT8 (or where Linux does not grant the tiles)."""
 import numpy as np
 import pytest
-from test_qgemm import NAMES, _bank, _want, assert_added
+from test_qgemm import NAMES, _bank, _want, assert_added, assert_gated
 from test_qact import activations
 
 from freetoken.kernels import _isa, qact, qformats, qgemm
@@ -38,3 +38,6 @@ def test_amx_gemm_matches_the_spec_and_the_vnni_kernel(name, M):
     added = qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], t, uniq, offs, first, np.ones((90, M), np.float32),
                            qgemm.into(False, (rows, pw)))
     assert_added(added, got, rows, pw)
+    gated = qgemm_amx.gemm(w, code, qgemm.GROUPS[code][0], t, uniq, offs, first, np.full((102, M // 2), np.nan, np.float32),
+                           qgemm.into(False, None, M // 2))
+    assert_gated(gated, got)
