@@ -2,7 +2,7 @@
 ``put`` writes pair p's product with weight row m into a [P,M] or [M,P] result, or adds it
 weighted into a token's row of the experts' output; with ``where``'s half set, the GEMMs give
 silu(row m's product) * row half + m's (the experts' gate and up halves: no [P,2I] result and no
-pass over it; ``gated``); ``runs`` splits the weight rows into runs
+pass over it); ``runs`` splits the weight rows into runs
 of equal ranges, each run over every expert in turn (a run owns its rows, so the adds never
 race, and an expert's token tiles stay in L2 for all of the run's rows).
 
@@ -10,7 +10,6 @@ Shape legend: kernels/qgemm.py's; T tokens of the output a pair's weighted produ
 """
 import numpy as np
 
-from freetoken.kernels._activations import silu
 from freetoken.kernels._numba import SERIAL, njit
 
 
@@ -26,12 +25,6 @@ def put(res, into, p, m, value):
         res[m, p] = value
     else:
         res[ptok[p], m] += pw[p] * value
-
-
-@njit(inline="always", **SERIAL)
-def gated(value, second, half):
-    """The value ``put`` gets: silu(value) * second when the GEMM pairs rows m and half + m."""
-    return silu(value) * second if half else value
 
 
 def into(rows_first, add_to=None, half=0):

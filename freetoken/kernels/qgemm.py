@@ -13,8 +13,9 @@ bytes, P routed pairs, U experts used, N tiles of 16 lanes, G values per group (
 """
 import numpy as np
 
+from freetoken.kernels._activations import silu
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels._tile_out import gated, into, put, runs
+from freetoken.kernels._tile_out import into, put, runs
 from freetoken.kernels._simd import itile_mxfp4, itile_q4_k, itile_q5_k, itile_q6_k, itile_q8_0
 from freetoken.kernels.qformats import format_of, is_quantized
 
@@ -113,10 +114,12 @@ def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, out, out2):
         p = p0 + (n - first[u]) * LANES
         for m in range(m0, m1):
             _itile(w[uniq[u], m], code, xt, xd, xs, xb, n, out)
-            if where[3]:
+            if where[3]:                           # all 16 lanes: the exp vectorizes
                 _itile(w[uniq[u], where[3] + m], code, xt, xd, xs, xb, n, out2)
+                for j in range(LANES):
+                    out[0, j] = silu(out[0, j]) * out2[0, j]
             for j in range(lanes):
-                put(res, where, p + j, m, gated(out[0, j], out2[0, j], where[3]))
+                put(res, where, p + j, m, out[0, j])
 
 
 @njit(**HOT)

@@ -14,8 +14,9 @@ Shape legend: qgemm's, plus R = 16 rows a work item.
 import numpy as np
 
 from freetoken.kernels import _amx
+from freetoken.kernels._activations import silu
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels._tile_out import gated, put, runs
+from freetoken.kernels._tile_out import put, runs
 
 R = LANES = 16                # weight rows a work item; tokens a tile (its int32 columns)
 
@@ -55,7 +56,7 @@ def _rows_against_tiles(A, a, c, cfg, code, xt, xd, xs, xb, n0, n1, G, acc):
     _amx.release()
 
 
-@njit(**SERIAL)
+@njit(inline="always", **SERIAL)
 def _rows_of(w, code, G, cfg, t, u, m0, rows, uniq, first, A, a, c, acc):
     """acc = rows m0 .. m0 + rows of group u's expert against its tiles (unpacked into A, a, c)."""
     xt, xd, xs, xb = t
@@ -67,21 +68,25 @@ def _rows_of(w, code, G, cfg, t, u, m0, rows, uniq, first, A, a, c, acc):
 @njit(**SERIAL)
 def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, bufs):
     """Rows rb*16 .. of group u's expert against its tiles, into res; when where's half is set,
-    rows half + rb*16 .. too (``gated``). bufs: the caller's two sets of (A, a, c, acc); rows
+    rows half + rb*16 .. too, res getting silu(row's) * half row's. bufs: the caller's two sets of (A, a, c, acc); rows
     past M are left unread garbage, their results dropped."""
     A, a, c, acc, A2, a2, c2, acc2 = bufs
     half = where[3]
     m0 = rb * R
     rows = min(R, (half if half else w.shape[1]) - m0)
     _rows_of(w, code, G, cfg, t, u, m0, rows, uniq, first, A, a, c, acc)
-    if half:
+    nt, count, p0 = first[u + 1] - first[u], offs[u + 1] - offs[u], offs[u]
+    if half:                    # whole rows of 16 lanes: the exp vectorizes (per value: 1.5x the GEMM)
         _rows_of(w, code, G, cfg, t, u, half + m0, rows, uniq, first, A2, a2, c2, acc2)
-    count, p0 = offs[u + 1] - offs[u], offs[u]
-    for n in range(first[u + 1] - first[u]):
+        for n in range(nt):
+            for r in range(rows):
+                for lane in range(LANES):
+                    acc[n, r, lane] = silu(acc[n, r, lane]) * acc2[n, r, lane]
+    for n in range(nt):
         for lane in range(min(LANES, count - n * LANES)):
             p = p0 + n * LANES + lane
             for r in range(rows):
-                put(res, where, p, m0 + r, gated(acc[n, r, lane], acc2[n, r, lane], half))
+                put(res, where, p, m0 + r, acc[n, r, lane])
 
 
 @njit(**SERIAL)
