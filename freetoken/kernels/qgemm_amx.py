@@ -71,8 +71,7 @@ def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, bufs):
     rows half + rb*16 .. too, res getting silu(row's) * half row's. bufs: the caller's two sets of (A, a, c, acc); rows
     past M are left unread garbage, their results dropped."""
     A, a, c, acc, A2, a2, c2, acc2 = bufs
-    half = where[3]
-    m0 = rb * R
+    half, m0 = where[3], rb * R
     rows = min(R, (half if half else w.shape[1]) - m0)
     _rows_of(w, code, G, cfg, t, u, m0, rows, uniq, first, A, a, c, acc)
     nt, count, p0 = first[u + 1] - first[u], offs[u + 1] - offs[u], offs[u]
