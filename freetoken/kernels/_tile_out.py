@@ -2,9 +2,9 @@
 ``put`` writes pair p's product with weight row m into a [P,M] or [M,P] result, or adds it
 weighted into a token's row of the experts' output; with ``where``'s half set, the GEMMs give
 silu(row m's product) * row half + m's (the experts' gate and up halves: no [P,2I] result and no
-pass over it); ``runs`` splits the weight rows into runs
-of equal ranges, each run over every expert in turn (a run owns its rows, so the adds never
-race, and an expert's token tiles stay in L2 for all of the run's rows).
+pass over it); ``runs`` splits the weight rows into runs of equal ranges, each run over every
+expert in turn (a run owns its rows, so the adds never race, and an expert's token tiles stay in
+L2 for all of the run's rows).
 
 Shape legend: kernels/qgemm.py's; T tokens of the output a pair's weighted product adds into.
 """
@@ -15,9 +15,10 @@ from freetoken.kernels._numba import SERIAL, njit
 
 @njit(inline="always", **SERIAL)
 def put(res, into, p, m, value):
-    """Pair p's product with weight row m into res as ``into`` = (layout, ptok, pw) says:
+    """Pair p's product with weight row m into res as ``into`` = (layout, ptok, pw, half) says:
     layout 0 res[p, m], 1 res[m, p], 2 res[ptok[p], m] += pw[p] * value (the experts' weighted
-    sum, added in the pairs' order as a pass over res would: a run owns its rows m)."""
+    sum, added in the pairs' order as a pass over res would: a run owns its rows m). half is
+    the GEMM's business (which rows it pairs), not put's."""
     layout, ptok, pw, _ = into
     if layout == 0:
         res[p, m] = value

@@ -68,8 +68,8 @@ def _rows_of(w, code, G, cfg, t, u, m0, rows, uniq, first, A, a, c, acc):
 @njit(**SERIAL)
 def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, bufs):
     """Rows rb*16 .. of group u's expert against its tiles, into res; when where's half is set,
-    rows half + rb*16 .. too, res getting silu(row's) * half row's. bufs: the caller's two sets of (A, a, c, acc); rows
-    past M are left unread garbage, their results dropped."""
+    rows half + rb*16 .. too, res getting silu(row's) * half row's. bufs: the caller's two sets
+    of (A, a, c, acc); rows past M are left unread garbage, their results dropped."""
     A, a, c, acc, A2, a2, c2, acc2 = bufs
     half, m0 = where[3], rb * R
     rows = min(R, (half if half else w.shape[1]) - m0)
