@@ -30,9 +30,9 @@ def put(res, into, p, m, value):
 
 def into(rows_first, add_to=None, half=0):
     """``put``'s (layout, ptok, pw) and the swiglu's half (0: none) for gemm's arguments."""
-    if add_to is None:
-        return np.int64(1 if rows_first else 0), np.zeros(0, np.int32), np.zeros(0, np.float32), np.int64(half)
-    return (np.int64(2), np.ascontiguousarray(add_to[0], np.int32), np.ascontiguousarray(add_to[1], np.float32),
+    layout = 2 if add_to is not None else 1 if rows_first else 0
+    ptok, pw = add_to if add_to is not None else ((), ())
+    return (np.int64(layout), np.ascontiguousarray(ptok, np.int32), np.ascontiguousarray(pw, np.float32),
             np.int64(half))
 
 
