@@ -14,8 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m freetoken",
         description="FreeToken: MoE LLM serving for one machine whose GPU cannot hold all the experts.")
     parser.add_argument("--version", action="version", version=f"freetoken {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get(ENV_PREFIX + "LOG_LEVEL", "INFO"),
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log verbosity (default: INFO)")
+    parser.add_argument("--log-level", default=os.environ.get(ENV_PREFIX + "LOG_LEVEL", "INFO"), type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log verbosity, any case (default: INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register_all(sub)
     return parser

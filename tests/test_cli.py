@@ -5,6 +5,8 @@ import sys
 
 import numpy as np
 
+from freetoken.cli import build_parser
+
 PROMPT = "import os\nimport sys\n\n\ndef "
 
 
@@ -57,6 +59,14 @@ def test_bad_flags_are_clear_errors():
                         "--moe-cache-size", "3", "--moe-cache-rate", "0.5", "--moe-backend", "offload"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "mutually exclusive" in r.stderr
+
+
+def test_log_level_takes_any_case():
+    args = build_parser().parse_args(["--log-level", "debug", "ctl", "health"])
+    assert args.log_level == "DEBUG"
+    r = subprocess.run([sys.executable, "-m", "freetoken", "--log-level", "loud", "--help"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "invalid choice: 'LOUD'" in r.stderr
 
 
 def test_serve_help_names_every_route_and_launch_the_served_model():
