@@ -131,6 +131,8 @@ def _context(model: ModelConfig, config: EngineConfig) -> Decision:
 def _kv_dtype(config: EngineConfig, facts: DeviceFacts) -> Decision:
     if config.kv_dtype != "auto":
         return Decision("kv dtype", config.kv_dtype, "--kv-dtype")
+    if facts.stored_bytes is not None:      # blocks: only their norms were stored f32 (GGUF's rule)
+        return Decision("kv dtype", "bfloat16", "auto: the weights are quantized")
     kind = "float32" if facts.weights_dtype == "f32" else "bfloat16"
     return Decision("kv dtype", kind, f"auto: the weights are {facts.weights_dtype}")
 

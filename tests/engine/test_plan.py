@@ -203,6 +203,9 @@ def test_quantized_weights_count_their_stored_bytes():
               moe_backend="offload")
     assert gq.memory.one_expert_bytes == q4k_expert and gq.memory.weights_bytes == g16.memory.weights_bytes // 3
     assert gq.moe.slots > 3.4 * g16.moe.slots
+    # its norms widened to f32 do not make the KV f32: blocks keep a bf16 cache, twice the tokens
+    f32_norms = dataclasses.replace(CPU, weights_dtype="f32", stored_bytes=(10 << 20, q4k_expert))
+    assert plan(DEMO, f32_norms).kv_dtype == "bfloat16" and plan(DEMO, f32_norms, kv_dtype="float32").kv_dtype == "float32"
 
 
 def test_stored_bytes_of_a_quantized_gguf_are_what_the_device_holds():

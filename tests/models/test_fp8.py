@@ -114,8 +114,9 @@ def gdn_pair(request, tmp_path_factory):
 
 def _logits(path, **options):
     """(weights, logits of PROMPT in one step, logits of its first 4 tokens): 32 tokens take the
-    BLAS paths on the CPU, 4 the block GEMVs decode uses."""
-    llm = LLM(str(path), **{"backend": "cpu", **options})
+    BLAS paths on the CPU, 4 the block GEMVs decode uses. An f32 KV cache for both twins (a
+    quantized model's default is bf16)."""
+    llm = LLM(str(path), **{"backend": "cpu", "kv_dtype": "float32", **options})
     try:
         return (llm.core.weights, teacher_forced_logits(llm, np.array(PROMPT)),
                 teacher_forced_logits(llm, np.array(PROMPT[:4])))

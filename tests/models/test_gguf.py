@@ -58,8 +58,9 @@ def test_f32_and_quantized_files_match_transformers(kind, backend):
 def matches_transformers(path: Path, exp, backend: str, **options) -> None:
     """Teacher-forced logits within 2e-4 of transformers' (prefill too when recorded) and the same
     32 greedy tokens (the GGUF, FP8 and hybrid parity tests all hold this); with fp32 dots, the
-    numerics transformers has (the default int8 dots: test_int8_dots_are_the_int8_spec)."""
-    llm, logits = logits_of(path, exp, backend, **{"cpu_dots": "f32", **options})
+    numerics transformers has (the default int8 dots: test_int8_dots_are_the_int8_spec) and an fp32
+    KV cache (a quantized file's default is bf16: test_a_quantized_file_keeps_a_bf16_kv_cache)."""
+    llm, logits = logits_of(path, exp, backend, **{"cpu_dots": "f32", "kv_dtype": "float32", **options})
     try:
         P = len(exp["prompt_ids"])
         if "prefill_logits" in exp:
@@ -214,6 +215,19 @@ def test_int8_dots_are_the_int8_spec(kind):
     np.testing.assert_allclose(logits["cpu"], logits["ref"], atol=near, rtol=0)
     if kind != "q8_0":
         np.testing.assert_allclose(logits["ref"][P - 1:], exp["step_logits"], atol=0.05, rtol=0)
+
+
+def test_a_quantized_file_keeps_a_bf16_kv_cache():
+    """The auto KV dtype: a file of blocks stores only its norms in f32, so its KV cache is bf16
+    (half an f32 cache's memory and its read at long context); an F32 file keeps an f32 cache."""
+    for path, want in ((EXACT["q4_k_m"][0], "bfloat16"), (EXACT["f32"][0], "float32")):
+        llm = LLM(str(path), backend="cpu")
+        try:
+            kv = next(d for d in llm.core.plan.decisions if d.name == "kv dtype")
+            assert (llm.core.plan.kv_dtype, kv.value) == (want, want)
+            assert ("quantized" in kv.why) == (want == "bfloat16")
+        finally:
+            llm.core.close()
 
 
 # --- bad files: one error each, naming the file and what is wrong --------------------------------
@@ -379,7 +393,8 @@ def test_the_cuda_backend_gives_transformers_tokens(kind, moe):
     from freetoken.kernels.qformats import is_quantized
     path, expected = EXACT[kind]
     exp = np.load(expected)
-    llm = LLM(str(path), backend="cuda", cpu_dots="f32", **MOE[moe])   # the CPU experts in fp32 too
+    # the CPU experts in fp32 too, and transformers' fp32 KV (a quantized file's default is bf16)
+    llm = LLM(str(path), backend="cuda", cpu_dots="f32", kv_dtype="float32", **MOE[moe])
     try:
         layer = llm.core.weights.layers[0]
         assert is_quantized(layer.o_proj) and is_quantized(llm.core.weights.embed)   # not widened
