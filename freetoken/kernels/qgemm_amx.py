@@ -90,15 +90,9 @@ def _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, bufs):
 
 @njit(**SERIAL)
 def _buffer_set(K, G, most, rows):
-    """(A u8[rows,K], a, c f32[rows,K/G], acc f32[most,rows,16])."""
+    """(A u8[rows,K], a, c f32[rows,K/G], acc f32[most,rows,16]): one of a run's two sets."""
     return (np.empty((rows, K), np.uint8), np.empty((rows, K // G), np.float32),
             np.empty((rows, K // G), np.float32), np.empty((max(most, 1), rows, LANES), np.float32))
-
-
-@njit(**SERIAL)
-def _buffers(K, G, most, gated):
-    """A run's two buffer sets; the second, the up rows' (where's half set), empty unless gated."""
-    return _buffer_set(K, G, most, R) + _buffer_set(K, G, most, R if gated else 0)
 
 
 @njit(**HOT)
@@ -110,7 +104,7 @@ def _gemm(w, code, G, cfg, t, uniq, offs, first, res, where, n_runs):
     blocks = (M + R - 1) // R
     most = np.max(first[1:] - first[:-1]) if U else 0
     for run in prange(n_runs):
-        bufs = _buffers(K, G, most, where[3] != 0)
+        bufs = _buffer_set(K, G, most, R) + _buffer_set(K, G, most, R if where[3] else 0)   # up rows': gated only
         for u in range(U):
             for rb in range(run * blocks // n_runs, (run + 1) * blocks // n_runs):
                 _item(w, code, G, cfg, t, u, rb, uniq, offs, first, res, where, bufs)
