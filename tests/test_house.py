@@ -66,7 +66,11 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # prefill 0.82-0.94x the time in-process, and a [P,H] pass of ~5% of the prefill gone, Xeon EMR VM)
 # -> 16,440: the gate_up GEMM pairing a row with its up row for the silu (~20 lines: a 64-expert
 # q4_k gate_up and its silu at 512 tokens 19.0 -> 16.7-17.3 ms in-process, the same numbers, Xeon EMR VM)
-MAX_PACKAGE_LINES = 16_440
+# -> 16,460: decode attention asks for the KV records 8 slots ahead of the one it reads
+# (_simd.prefetch_row beside prefetch_ahead, one IR for both, ~18 lines: attention_decode.run at
+# batch 1, bf16 KV streamed from memory, 5 interleaved rounds each: 4,096 contiguous slots 0.75-0.81x
+# the time, 16,384 shuffled slots 0.24-0.36x, Xeon EMR VM; docs/performance.md)
+MAX_PACKAGE_LINES = 16_460
 
 
 def _module_name(path: Path) -> str:

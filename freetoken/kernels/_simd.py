@@ -99,6 +99,12 @@ def prefetch_ahead(w, r):
     without, 14-15 with rows 2.3-9 KB ahead)."""
 
 
+def prefetch_row(w, r):
+    """A hint, no result: ask the cache for row r of w itself (as prefetch_ahead; nothing when
+    r is outside w). Why: decode attention reads its KV records in the slot table's order,
+    which no hardware prefetcher follows."""
+
+
 def _spec_itile(row, xt, xd, first, out, ggml_type):
     """The spec of the tile products: out[n] from tile first + n, each of its tokens (the rounded
     x: xt's bytes, token l at 4l .. 4l+3 of every 64, times its xd) dotted with the dequantized

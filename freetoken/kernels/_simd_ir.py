@@ -154,38 +154,54 @@ def _row_dot(context, builder, sig, args, block_bytes, values, block_lanes):
     return builder.call(total, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
 
 
-def _prefetch_ahead(context, builder, sig, args):
-    """_simd.prefetch_ahead: the row 1 + (PREFETCH_BYTES - 1) // row bytes past r, when there is one.
-    A row's bytes are its values' (itemsize x the inner shape), found strides[0] apart: for a C
-    array the same thing, for a strided one (a slot of pool.slot_views, each slot contiguous) the
-    slot's own bytes."""
-    w, one = context.make_array(sig.args[0])(context, builder, args[0]), ir.Constant(I64, 1)
-    row_bytes = ir.Constant(I64, context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype)))
-    for axis in range(1, sig.args[0].ndim):
-        row_bytes = builder.mul(row_bytes, builder.extract_value(w.shape, axis))
-    step, rows = builder.extract_value(w.strides, 0), builder.extract_value(w.shape, 0)
-    divisor = builder.select(builder.icmp_signed(">", row_bytes, one), row_bytes, one)
-    ahead = builder.sdiv(ir.Constant(I64, _simd.PREFETCH_BYTES - 1), divisor)
-    target = builder.add(context.cast(builder, args[1], sig.args[1], types.int64), builder.add(ahead, one))
-    prefetch = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-    hint = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]     # read, keep, data
-    with builder.if_then(builder.icmp_signed("<", target, rows)):
-        start = builder.gep(builder.bitcast(w.data, I8.as_pointer()), [builder.mul(target, step)])
-        lines = builder.add(builder.sdiv(row_bytes, ir.Constant(I64, 64)), one)
-        with cgutils.for_range(builder, lines) as loop:
-            builder.call(prefetch, [builder.gep(start, [builder.mul(loop.index, ir.Constant(I64, 64))])] + hint)
-    return context.get_dummy_value()
+def _prefetching(ahead: bool):
+    """Codegen of _simd.prefetch_ahead (ahead: the row 1 + (PREFETCH_BYTES - 1) // row bytes past r)
+    or _simd.prefetch_row (row r itself), when that row exists. A row's bytes are its values'
+    (itemsize x the inner shape), found strides[0] apart: for a C array the same thing, for a
+    strided one (a slot of pool.slot_views, each slot contiguous) the slot's own bytes."""
+    def codegen(context, builder, sig, args):
+        w, one = context.make_array(sig.args[0])(context, builder, args[0]), ir.Constant(I64, 1)
+        row_bytes = ir.Constant(I64, context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype)))
+        for axis in range(1, sig.args[0].ndim):
+            row_bytes = builder.mul(row_bytes, builder.extract_value(w.shape, axis))
+        step, rows = builder.extract_value(w.strides, 0), builder.extract_value(w.shape, 0)
+        divisor = builder.select(builder.icmp_signed(">", row_bytes, one), row_bytes, one)
+        skip = builder.add(builder.sdiv(ir.Constant(I64, _simd.PREFETCH_BYTES - 1), divisor), one)
+        target = context.cast(builder, args[1], sig.args[1], types.int64)
+        target = builder.add(target, skip) if ahead else target
+        prefetch = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        hint = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]     # read, keep, data
+        inside = builder.and_(builder.icmp_signed("<", target, rows), builder.icmp_signed(">=", target, ir.Constant(I64, 0)))
+        with builder.if_then(inside):
+            start = builder.gep(builder.bitcast(w.data, I8.as_pointer()), [builder.mul(target, step)])
+            lines = builder.add(builder.sdiv(row_bytes, ir.Constant(I64, 64)), one)
+            with cgutils.for_range(builder, lines) as loop:
+                builder.call(prefetch, [builder.gep(start, [builder.mul(loop.index, ir.Constant(I64, 64))])] + hint)
+        return context.get_dummy_value()
+    return codegen
 
 
 @intrinsic
-def _prefetch_row(typingctx, w, r):
-    return types.none(w, r), _prefetch_ahead
+def _prefetch_ahead_of(typingctx, w, r):
+    return types.none(w, r), _prefetching(True)
+
+
+@intrinsic
+def _prefetch_this(typingctx, w, r):
+    return types.none(w, r), _prefetching(False)
 
 
 @overload(_simd.prefetch_ahead, inline="always")
 def _prefetch_overload(w, r):
     if isinstance(w, types.Array) and w.ndim >= 1 and isinstance(r, types.Integer):
-        return lambda w, r: _prefetch_row(w, r)
+        return lambda w, r: _prefetch_ahead_of(w, r)
+    return lambda w, r: None
+
+
+@overload(_simd.prefetch_row, inline="always")
+def _prefetch_row_overload(w, r):
+    if isinstance(w, types.Array) and w.ndim >= 1 and isinstance(r, types.Integer):
+        return lambda w, r: _prefetch_this(w, r)
     return lambda w, r: None
 
 

@@ -20,9 +20,11 @@ merge drops only empty chunks, not one whose sum is NaN.
 """
 import numpy as np
 
+from freetoken.kernels._simd import prefetch_row
 from freetoken.kernels._numba import HOT, HOT_NAN_SAFE, SERIAL_NAN_SAFE, from_bits, njit, prange, widen
 
 ITEMS_PER_THREAD = 4     # work items per compute thread: chunks of uneven cost still balance
+AHEAD = 8                # KV records asked for ahead of the one read (prefetch_row)
 MIN_CHUNK = 64           # positions: below this the per-item set-up outweighs the split
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693359375       # ln 2 = _LN2_HI + _LN2_LO; n * _LN2_HI is exact in fp32 for |n| < 2^14
@@ -64,6 +66,8 @@ def chunk(q, k_cache, v_cache, slots, scale, acc, ml):
     s = np.empty((G, rep, max(n, 1)), np.float32)                 # scores, then exp weights
     for j in range(n):
         slot = slots[j]
+        if j + AHEAD < n:
+            prefetch_row(k_cache, slots[j + AHEAD])
         for g in range(G):
             for r in range(rep):
                 a = np.float32(0.0)
@@ -84,6 +88,8 @@ def chunk(q, k_cache, v_cache, slots, scale, acc, ml):
     out = np.zeros((G, rep, D), np.float32)
     for j in range(n):
         slot = slots[j]
+        if j + AHEAD < n:
+            prefetch_row(v_cache, slots[j + AHEAD])
         for g in range(G):
             for r in range(rep):
                 p = s[g, r, j]

@@ -81,6 +81,25 @@ def test_prefetch_ahead_is_a_prefetch_of_the_row_ahead_and_nothing_else():
     assert set(by_layout) == {"C", "A"} and all("llvm.prefetch" in ir for ir in by_layout.values())
 
 
+def test_prefetch_row_asks_for_that_row_only_when_it_exists():
+    """prefetch_row (decode attention's KV records in slot order) compiles to llvm.prefetch, and a
+    row past either end (the last records' lookahead) is a no-op, not a read."""
+    from freetoken.kernels._numba import SERIAL, njit
+
+    @njit(**{**SERIAL, "cache": False})
+    def rows(w, which):
+        for r in which:
+            _simd.prefetch_row(w, r)
+        return w.shape[0]
+
+    w = np.random.default_rng(4).integers(0, 256, (9, 4, 64), dtype=np.uint8)
+    before = w.copy()
+    assert rows(w, np.array([-5, -1, 0, 8, 9, 1 << 40], np.int64)) == 9
+    np.testing.assert_array_equal(w, before)
+    assert "llvm.prefetch" in next(iter(rows.dispatcher.inspect_llvm().values()))
+    _simd.prefetch_row(w, 3)                       # in Python: nothing
+
+
 @pytest.mark.parametrize("kernel", ["linear_quant._gemv", "experts_quant._decode",
                                     "linear._gemv_pairs", "experts._gate_up_pairs", "experts._down_pairs"])
 def test_the_decode_gemvs_ask_for_the_rows_ahead(kernel):
