@@ -2,11 +2,12 @@
 attention.ref; called by attention.cpu; tests/kernels/test_attention.py).
 
 One decode token reads its whole context once, so the kernel is a read of the KV rows and must run
-at the box's read bandwidth. Three things get it there:
+at the box's read bandwidth. Four things get it there:
   - split-K: the context is cut into chunks and each (token, chunk) is one work item, so every
     thread of a batch-1 step reads its own share of the rows;
   - the heads of a kv group share each row read (GQA: one K row serves `rep` query heads);
-  - exp is a polynomial the compiler vectorises (no vector exp library is linked in numba).
+  - exp is a polynomial the compiler vectorises (no vector exp library is linked in numba);
+  - the records AHEAD slots on in the table are asked for (the table's order is no stream).
 Each item keeps its chunk's max, sum and weighted V rows; a merge rescales them to the common
 max, which gives the softmax over the whole context exactly (up to fp32 rounding).
 
