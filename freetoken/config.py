@@ -126,7 +126,7 @@ class EngineConfig:
                           "activations to 8 bits and sums exact integers (VNNI or AVX2), and rounds bf16 "
                           "experts' inputs to bf16 (AVX512-BF16 vdpbf16ps prefill), as llama.cpp does; f32 "
                           "multiplies by the fp32 activations (slower, no rounding)", ("int8", "f32"))
-    kv_dtype: str = _flag("auto", "KV cache dtype: auto is float32 for fp32 checkpoints, else (bf16, quantized) bfloat16",
+    kv_dtype: str = _flag("auto", "KV cache dtype: auto is float32 for fp32 checkpoints, bfloat16 for bf16 or quantized ones",
                           ("auto", "bfloat16", "float32"))
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")
     enable_prefix_cache: bool = _flag(True, "reuse the KV of cached prompt prefixes (radix tree)")

@@ -191,18 +191,17 @@ def _prefetch_this(typingctx, w, r):
     return types.none(w, r), _prefetching(False)
 
 
-@overload(_simd.prefetch_ahead, inline="always")
-def _prefetch_overload(w, r):
-    if isinstance(w, types.Array) and w.ndim >= 1 and isinstance(r, types.Integer):
-        return lambda w, r: _prefetch_ahead_of(w, r)
-    return lambda w, r: None
+def _hint(prefetch):
+    """The overload of a prefetch hint: the intrinsic for an array and an integer row, else nothing."""
+    def pick(w, r):
+        if isinstance(w, types.Array) and w.ndim >= 1 and isinstance(r, types.Integer):
+            return lambda w, r: prefetch(w, r)
+        return lambda w, r: None
+    return pick
 
 
-@overload(_simd.prefetch_row, inline="always")
-def _prefetch_row_overload(w, r):
-    if isinstance(w, types.Array) and w.ndim >= 1 and isinstance(r, types.Integer):
-        return lambda w, r: _prefetch_this(w, r)
-    return lambda w, r: None
+overload(_simd.prefetch_ahead, inline="always")(_hint(_prefetch_ahead_of))
+overload(_simd.prefetch_row, inline="always")(_hint(_prefetch_this))
 
 
 def _contiguous(*arrays):

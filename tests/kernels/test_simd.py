@@ -100,6 +100,24 @@ def test_prefetch_row_asks_for_that_row_only_when_it_exists():
     _simd.prefetch_row(w, 3)                       # in Python: nothing
 
 
+def test_decode_attention_asks_for_the_records_ahead():
+    """attention_decode.chunk prefetches the KV records AHEAD slots on (docs/performance.md: 0.75-0.81x
+    the time at 4,096 slots from memory, Xeon EMR VM): its compiled code calls llvm.prefetch."""
+    from freetoken.kernels import attention_decode
+    from freetoken.kernels._numba import load_numba
+    rng = np.random.default_rng(5)
+    k, v = (rng.standard_normal((40, 2, 16)).astype(np.float32) for _ in range(2))
+    out = np.empty((1, 4, 16), np.float32)
+    attention_decode.run(rng.standard_normal((1, 4, 16)).astype(np.float32), k, v, np.arange(40, dtype=np.int32)[None],
+                         np.zeros(1, np.int32), np.full(1, 39, np.int32), 0.25, out, 1)
+    lazy = attention_decode.chunk
+    numba = load_numba()
+    fresh = numba.njit(**{**lazy.options, "cache": False})(lazy._resolved(numba))   # cached code has no IR
+    for sig in lazy.dispatcher.signatures:
+        fresh.compile(sig)
+        assert "llvm.prefetch" in fresh.inspect_llvm(sig)
+
+
 @pytest.mark.parametrize("kernel", ["linear_quant._gemv", "experts_quant._decode",
                                     "linear._gemv_pairs", "experts._gate_up_pairs", "experts._down_pairs"])
 def test_the_decode_gemvs_ask_for_the_rows_ahead(kernel):
