@@ -22,6 +22,8 @@ import numpy as np
 
 LANES = 32              # values per vector: one q8_0 block
 PREFETCH_BYTES = 4096   # how far ahead of the row being read prefetch_ahead asks for rows
+KV_AHEAD = 8            # decode attention: KV records asked for this many slots ahead of the one read
+V_BLOCK = 64            # values of D in one weighted_v_rows block
 
 
 def _spec_dot(row, xv, ggml_type):
@@ -105,6 +107,30 @@ def prefetch_row(w, r):
     which no hardware prefetcher follows."""
 
 
+def weighted_v_rows(p, v, slots, j0, j1, g, r0, d0, out):
+    """out[g, r, d0:d0+V_BLOCK] += the sum over j0 <= j < j1 of p[g, r, j] * v[slots[j], g,
+    d0:d0+V_BLOCK] (bf16 bits or f32), for the heads r0 .. r0+3 that exist: decode attention's
+    weighted V rows (kernels/attention_decode.py), fp32 multiply-adds in slot order. Compiled by
+    kernels/_simd_attn.py with the block's sums in registers; the block at g, r0, d0 = 0 also
+    asks for whole records KV_AHEAD slots on (the slot table's order is no stream a prefetcher
+    follows)."""
+    heads = slice(r0, min(r0 + 4, out.shape[1]))
+    rows = v[slots[j0:j1], g, d0:d0 + V_BLOCK]
+    rows = (rows.astype(np.uint32) << 16).view(np.float32) if rows.dtype == np.uint16 else rows
+    for j in range(j0, j1):
+        out[g, heads, d0:d0 + V_BLOCK] += p[g, heads, j, None] * rows[j - j0]
+
+
+def head_scores(q, k, slots, j0, g, r0, scale, s):
+    """s[g, r, j] = scale * (q[g, r] . k[slots[j], g]) (bf16 bits or f32) for the heads r0 .. r0+3
+    and the slots j0 .. j0+3: decode attention's scores (kernels/attention_decode.py), D a
+    multiple of 16, fp32 sums in any order. Compiled by kernels/_simd_attn.py: 16 partial vectors
+    and one shuffle tree, where a dot at a time ends each in a horizontal sum."""
+    keys = k[slots[j0:j0 + 4], g]
+    keys = (keys.astype(np.uint32) << 16).view(np.float32) if keys.dtype == np.uint16 else keys
+    s[g, r0:r0 + 4, j0:j0 + 4] = scale * (q[g, r0:r0 + 4] @ keys.T)
+
+
 def _spec_itile(row, xt, xd, first, out, ggml_type):
     """The spec of the tile products: out[n] from tile first + n, each of its tokens (the rounded
     x: xt's bytes, token l at 4l .. 4l+3 of every 64, times its xd) dotted with the dequantized
@@ -162,4 +188,5 @@ def register(numba):
     importlib.import_module("freetoken.kernels._simd_ir")
     importlib.import_module("freetoken.kernels._simd_int8")
     importlib.import_module("freetoken.kernels._simd_itile")
+    importlib.import_module("freetoken.kernels._simd_attn")
     importlib.import_module("freetoken.kernels._simd_bf16").enable_inline_asm()

@@ -134,7 +134,7 @@ def test_tiled_softmax_keeps_a_dominant_score():
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
-@pytest.mark.parametrize("Hq,G,D", [(16, 4, 64), (8, 8, 32), (6, 2, 33)])
+@pytest.mark.parametrize("Hq,G,D", [(16, 4, 64), (8, 8, 32), (6, 2, 33), (24, 2, 128)])
 def test_split_decode_over_long_and_short_contexts(Hq, G, D, dtype):
     """One decode token per sequence, contexts from 1 to 2500 positions: many chunks per long
     sequence, empty chunks for the short ones, merged into one softmax (bf16 of odd D reads rows
@@ -172,6 +172,17 @@ def test_split_decode_rescales_to_a_late_dominant_key():
     np.testing.assert_allclose(got[0, 0], v[2900, 0], atol=1e-3)
 
 
+@pytest.mark.parametrize("values", [[1.0, np.nan, 3.0, -5.0], [np.nan, np.nan], [np.nan, -np.inf], [-0.0, 0.0, -1.0],
+                                    [-3.0, -2.5, -1e-30], [2.0, np.inf, np.nan], [], [-np.inf, -1e38, 1e-45]])
+def test_decode_max_skips_nan(values):
+    """finite_max, the chunk's softmax max reduced as integers: numpy's nanmax, -inf for none."""
+    from freetoken.kernels.attention_decode import finite_max
+    row = np.array(values + [7.0], np.float32)                # one past n: not read
+    want = np.float32(-np.inf) if np.isnan(row[:-1]).all() else np.nanmax(row[:-1])
+    got = finite_max(row, len(values))
+    assert got == want                                       # 0.0 == -0.0: either sign shifts alike
+
+
 def test_decode_exp_matches_numpy():
     from freetoken.kernels.attention_decode import exp_le0
     x = np.concatenate([-np.geomspace(1e-8, 87, 4000), [0.0, -0.5, -1.0, -86.99]]).astype(np.float32)
@@ -195,8 +206,8 @@ def test_decode_chunking_covers_the_context(T, C, threads):
 NON_FINITE = ("q_nan", "k_inf", "k_nan", "k_neginf", "v_inf")
 
 
-def non_finite_step(kind, prefill, dtype=np.float32):
-    """Sequences of 200, 40 and 5 positions (G 2, rep 2, D 32) on shuffled slots, sequence 0 alone
+def non_finite_step(kind, prefill, dtype=np.float32, D=32, rep=2):
+    """Sequences of 200, 40 and 5 positions (G 2; rep 2, D 32 unless given) on shuffled slots, sequence 0 alone
     holding non-finite data (`kind`): a NaN in q of head 1 of its last token; +inf or NaN in the
     key row of position 150 (group 0); -inf in the key rows of positions 0..140 (group 0: whole
     split chunks and key tiles of them); +inf in the value row of position 150 (group 0). q of
@@ -206,7 +217,7 @@ def non_finite_step(kind, prefill, dtype=np.float32):
     gpu's _prefill), 130..149 before row 150, 130..140 with no finite key, and one token for each
     other sequence."""
     rng = np.random.default_rng(NON_FINITE.index(kind))
-    lengths, G, D, d = [200, 40, 5], 2, 32, 3
+    lengths, G, d = [200, 40, 5], 2, 3
     k, v = rng.standard_normal((2, sum(lengths) + 3, G, D)).astype(np.float32)
     perm = rng.permutation(k.shape[0]).astype(np.int32)
     table, starts = np.zeros((3, 200), np.int32), np.cumsum([0] + lengths)
@@ -215,7 +226,7 @@ def non_finite_step(kind, prefill, dtype=np.float32):
     new = [70 if prefill else 1, 1, 1]
     seq = np.repeat(np.arange(3, dtype=np.int32), new)
     pos = np.concatenate([np.arange(n - m, n) for n, m in zip(lengths, new)]).astype(np.int32)
-    q = rng.standard_normal((seq.size, 2 * G, D)).astype(np.float32)
+    q = rng.standard_normal((seq.size, rep * G, D)).astype(np.float32)
     q[seq == 0, :, d] = np.abs(q[seq == 0, :, d]) + 0.5
     if kind == "q_nan":
         q[new[0] - 1, 1, d] = np.nan
@@ -256,16 +267,18 @@ def test_ref_follows_the_non_finite_rule(kind, prefill):
     np.testing.assert_array_equal(np.isinf(want), inf)
 
 
+@pytest.mark.parametrize("D,rep", [(32, 2), (64, 4)])
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
 @pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
 @pytest.mark.parametrize("kind", NON_FINITE)
-def test_cpu_follows_ref_on_non_finite_inputs(kind, prefill, dtype):
+def test_cpu_follows_ref_on_non_finite_inputs(kind, prefill, dtype, D, rep):
     """Both cpu paths as ref. Before: a split chunk of all -inf keys came out NaN (exp(-inf +
     inf)) where ref gives those keys weight 0; under fastmath's no-NaN assumption the tiled exp
     made a NaN score weight 0; the tiled value GEMM met an inf value row with a masked query's
     zero weight (NaN for tokens before that position); and the split merge kept a chunk only if
-    its sum was > 0, which drops a NaN sum once no-NaN is off."""
-    args = non_finite_step(kind, prefill, dtype)
+    its sum was > 0, which drops a NaN sum once no-NaN is off. D 64, rep 4: decode's scores and
+    V rows in blocks (_simd.head_scores, weighted_v_rows); D 32, rep 2 slot by slot."""
+    args = non_finite_step(kind, prefill, dtype, D, rep)
     with np.errstate(all="ignore"):
         got = attention.cpu(*args)
     assert_follows_ref(quiet_ref(args), got, rtol=1e-4, atol=2e-5)

@@ -118,6 +118,71 @@ def test_decode_attention_asks_for_the_records_ahead():
         assert "llvm.prefetch" in fresh.inspect_llvm(sig)
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("rep,D", [(4, 64), (1, 64), (3, 128), (6, 64), (8, 128)])
+def test_weighted_v_rows_matches_its_spec(rep, D, dtype):
+    """weighted_v_rows (decode attention's V half, sums in registers) against its Python body on
+    every block of heads (4 a block, the last one short) and of D, a slot range that starts and
+    ends inside the table, and records spaced wider than G x D (a view of a bigger pool)."""
+    from freetoken.kernels._bf16 import from_f32
+    from freetoken.kernels._numba import SERIAL, njit
+
+    @njit(**{**SERIAL, "cache": False})
+    def blocks(p, v, slots, j0, j1, out):
+        for g in range(out.shape[0]):
+            for r0 in range(0, out.shape[1], 4):
+                for d0 in range(0, out.shape[2], _simd.V_BLOCK):
+                    _simd.weighted_v_rows(p, v, slots, j0, j1, g, r0, d0, out)
+
+    rng = np.random.default_rng(rep * D)
+    G, N = 2, 50
+    pool = rng.standard_normal((N, G + 1, D)).astype(np.float32)
+    v = (from_f32(pool) if dtype == np.uint16 else pool)[:, 1:]
+    slots = rng.permutation(N)[:37].astype(np.int32)
+    p = rng.random((G, rep, 40)).astype(np.float32)
+    start = rng.standard_normal((G, rep, D)).astype(np.float32)
+    got, want = start.copy(), start.copy()
+    blocks(p, v, slots, 3, 35, got)
+    for g in range(G):
+        for r0 in range(0, rep, 4):
+            for d0 in range(0, D, _simd.V_BLOCK):
+                _simd.weighted_v_rows(p, v, slots, 3, 35, g, r0, d0, want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got, start)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("rep,D", [(4, 64), (8, 128), (4, 16), (4, 48)])
+def test_head_scores_matches_its_spec(rep, D, dtype):
+    """head_scores (decode attention's scores, 4 heads x 4 slots and one shuffle tree) against its
+    Python body: every head block of every group, slot runs of 4 from an odd start, records spaced
+    wider than G x D."""
+    from freetoken.kernels._bf16 import from_f32
+    from freetoken.kernels._numba import SERIAL, njit
+
+    @njit(**{**SERIAL, "cache": False})
+    def blocks(q, k, slots, scale, s):
+        for j0 in range(1, slots.shape[0] - 3, 4):
+            for g in range(q.shape[0]):
+                for r0 in range(0, q.shape[1], 4):
+                    _simd.head_scores(q, k, slots, j0, g, r0, scale, s)
+
+    rng = np.random.default_rng(rep * D)
+    G, N = 2, 50
+    pool = rng.standard_normal((N, G + 1, D)).astype(np.float32)
+    k = (from_f32(pool) if dtype == np.uint16 else pool)[:, 1:]
+    slots = rng.permutation(N)[:22].astype(np.int32)
+    q = rng.standard_normal((G, rep, D)).astype(np.float32)
+    got, want = np.full((2, G, rep, 24), np.nan, np.float32)
+    blocks(q, k, slots, np.float32(0.3), got)
+    for j0 in range(1, 19, 4):
+        for g in range(G):
+            for r0 in range(0, rep, 4):
+                _simd.head_scores(q, k, slots, j0, g, r0, np.float32(0.3), want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(got[..., 0]).all() and not np.isnan(got[..., 1:21]).any() and np.isnan(got[..., 21:]).all()
+
+
 @pytest.mark.parametrize("kernel", ["linear_quant._gemv", "experts_quant._decode",
                                     "linear._gemv_pairs", "experts._gate_up_pairs", "experts._down_pairs"])
 def test_the_decode_gemvs_ask_for_the_rows_ahead(kernel):
