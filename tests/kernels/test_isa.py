@@ -1,7 +1,7 @@
 """kernels/_isa.py: the kernels choose their instructions from numba's target, not the host's
 CPUID, so a cache built for another target (NUMBA_CPU_NAME=generic: a portable cache, no AVX)
 compiles and runs instead of aborting in LLVM (inline vdpbf16ps asm; fp16 widened by a library
-call numba's JIT does not link)."""
+call numba's JIT does not link; decode attention's vector IR lowered without AVX)."""
 import os
 import subprocess
 import sys
@@ -27,6 +27,12 @@ for name, K in (("q8_0", 320), ("q4_k", 512), ("q6_k", 512), ("mxfp4", 512)):   
     want = qformats.dequantize_ref(row) @ qact.rounded_ref(x)[0]
     scale = np.abs(qformats.dequantize_ref(row)) @ np.abs(qact.rounded_ref(x)[0])
     assert abs(got - want) <= 1e-5 * scale, (name, got, want)
+from freetoken.kernels import attention                  # decode's scores and V rows as vector IR
+from freetoken.kernels._bf16 import from_f32
+k, v = (from_f32(rng.standard_normal((300, 2, 64)).astype(np.float32)) for _ in range(2))
+args = (rng.standard_normal((1, 8, 64)).astype(np.float32), k, v, rng.permutation(300).astype(np.int32)[None],
+        np.zeros(1, np.int32), np.array([299], np.int32), 0.125)
+np.testing.assert_allclose(attention.cpu(*args), attention.ref(*args), atol=2e-5, rtol=1e-4)
 print("ok")
 """
 
