@@ -123,6 +123,14 @@ def test_compare_reports_worst_index():
     assert not ok and "1 of 4 differ; first at (2,): ref 2, got 5" in line
 
 
+def test_attention_on_cpu_says_its_decode_path(capsys):
+    """The decode attention report names the path that ran (vector blocks at rep 4, D 64)."""
+    assert main(["kernel", "attention", "--check", "--device", "cpu", "--shape", "B=2,C=300,Hq=8,G=2,D=64"]) == 0
+    out = capsys.readouterr().out
+    assert "decode attention: scores 4 heads x 4 slots a shuffle tree; weighted V rows 4 heads x 64" in out
+    assert "PASS" in out and "FAIL" not in out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["embedding", "rms_norm", "add_rms_norm", "rope", "linear", "kv_write",
                                 "attention", "router", "experts", "sampling", "penalties",

@@ -81,6 +81,9 @@ def run(args) -> int:
         fn, ref, dots = partial(fn, bf16=True), partial(ref, bf16=True), ", activations rounded to bf16"
         case = replace(case, tol=(2.0 ** -8, case.tol[1]), atol_of_max=True)
     print(f"{args.op} [{dims}] dtype {args.dtype}{dots}: {args.op}.{impl} ({why})")
+    if impl == "cpu" and args.op == "attention":
+        from freetoken.kernels.attention_decode import describe
+        print(f"  {describe(case.dims['Hq'] // case.dims['G'], case.dims['D'])}")
     ok = check(fn, ref, case, device) if args.check or not args.bench else True
     if args.bench:
         bench(fn, case, device, max(1, args.iters))

@@ -14,12 +14,16 @@ from freetoken.engine.kv_pool import KVPool
 from freetoken.log import logger
 
 
-def prepare_host(ops, config) -> None:
+def prepare_host(ops, config, cfg) -> None:
     """The host side's one-time settings, each logged: which CPU kernels run (every backend but ref
-    runs numba kernels: the MoE's CPU branch) and glibc malloc's reuse of freed scratch."""
+    runs numba kernels: the MoE's CPU branch; the cpu backend's decode attention for this model's
+    heads) and glibc malloc's reuse of freed scratch."""
     if ops.name != "ref":
         from freetoken.kernels._isa import describe
         logger.info("cpu kernels: %s; quantized weights dotted in %s (--cpu-dots)", describe(), config.cpu_dots)
+    if ops.name == "cpu":
+        from freetoken.kernels.attention_decode import describe as attention_path
+        logger.info("%s", attention_path(cfg.num_heads // cfg.num_kv_heads, cfg.head_dim))
     if config.host_scratch_reuse:
         from freetoken.engine.host_malloc import reuse_freed_scratch
         reuse_freed_scratch(logger)

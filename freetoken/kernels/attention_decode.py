@@ -37,6 +37,15 @@ _NEG_INF_KEY = np.int32(-2139095041)   # -inf's bits (0xFF800000) as finite_max 
 _TAYLOR = (1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0)   # e^r after the r^7/5040 term
 
 
+def describe(rep: int, D: int) -> str:
+    """How a decode token's attention runs for `rep` query heads a kv group and head dim D (the
+    engine's start-up log and ``kernel attention``)."""
+    scores = "4 heads x 4 slots a shuffle tree" if rep % 4 == 0 and D % 16 == 0 else \
+        f"a dot at a time ({f'rep {rep} is no multiple of 4' if rep % 4 else f'D {D} is no multiple of 16'})"
+    rows = f"4 heads x {V_BLOCK} values in registers" if D % V_BLOCK == 0 else f"slot by slot (D {D} is no multiple of {V_BLOCK})"
+    return f"decode attention: scores {scores}; weighted V rows {rows}"
+
+
 def chunking(T: int, C: int, threads: int) -> tuple[int, int]:
     """(CH, nch): positions per chunk and chunks per token for contexts up to C."""
     want = max(1, -(-ITEMS_PER_THREAD * threads // T))

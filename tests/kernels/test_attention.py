@@ -282,3 +282,21 @@ def test_cpu_follows_ref_on_non_finite_inputs(kind, prefill, dtype, D, rep):
     with np.errstate(all="ignore"):
         got = attention.cpu(*args)
     assert_follows_ref(quiet_ref(args), got, rtol=1e-4, atol=2e-5)
+
+
+def test_the_decode_path_is_said_for_each_geometry(caplog):
+    """describe() names what a decode token runs (kernel attention and the engine's start-up log):
+    the vector blocks for rep 4k and D 64k, and why not otherwise."""
+    import logging
+    from freetoken import LLM
+    from freetoken.kernels.attention_decode import describe
+    assert describe(8, 128) == ("decode attention: scores 4 heads x 4 slots a shuffle tree; "
+                                "weighted V rows 4 heads x 64 values in registers")
+    assert "a dot at a time (rep 3 is no multiple of 4)" in describe(3, 64)
+    assert "a dot at a time (D 40 is no multiple of 16)" in describe(4, 40)
+    assert "slot by slot (D 80 is no multiple of 64)" in describe(4, 80)
+    with caplog.at_level(logging.INFO, logger="freetoken"):
+        LLM("synth:tiny", backend="cpu", max_model_len=64)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decode attention:")]
+    assert said == ["decode attention: scores a dot at a time (rep 2 is no multiple of 4); "
+                    "weighted V rows slot by slot (D 16 is no multiple of 64)"]
