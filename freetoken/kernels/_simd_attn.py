@@ -23,7 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from freetoken.kernels import _simd
-from freetoken.kernels._simd_ir import F32, I32, I64, I8, _contiguous, _function, _same, _splat
+from freetoken.kernels._simd_ir import F32, I32, I64, I8, _contiguous, _function, _same, _splat, prefetch_lines
 
 ROWS, LANES, VECTORS = 4, 16, 4          # a block: up to 4 heads x 64 values (4 vectors of 16)
 F32x16 = ir.VectorType(F32, LANES)
@@ -43,16 +43,7 @@ def _v_values(builder, at, bf16, vectors=VECTORS):
     return vectors
 
 
-def _prefetch_record(builder, at, nbytes):
-    """Ask for the lines of a record's nbytes at `at` (a hint: read, keep in every cache level)."""
-    hint = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-    lines = builder.sdiv(builder.add(nbytes, ir.Constant(I64, 63)), ir.Constant(I64, 64))
-    with cgutils.for_range(builder, lines) as loop:
-        line = builder.gep(at, [builder.mul(loop.index, ir.Constant(I64, 64))])
-        builder.call(hint, [line, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-
-
-def _codegen(context, builder, sig, args):
+def _rows_codegen(context, builder, sig, args):
     """The loop over slots j0 .. j1-1 with 4 heads x 4 vectors of sums; heads past rep (the last
     block of a rep not divisible by 4) are computed on head r0's weights and not stored. The block
     at g, r0, d0 = 0 also asks for whole records KV_AHEAD slots on: the caller's other blocks run
@@ -71,6 +62,7 @@ def _codegen(context, builder, sig, args):
     base, step = builder.bitcast(v.data, I8.as_pointer()), builder.extract_value(v.strides, 0)
     in_record = builder.add(builder.mul(g, builder.extract_value(v.strides, 1)), builder.mul(d0, c(2 if bf16 else 4)))
     record_bytes = builder.mul(builder.extract_value(v.shape, 1), builder.extract_value(v.strides, 1))
+    record_lines = builder.sdiv(builder.add(record_bytes, c(63)), c(64))
     first, n = builder.icmp_signed("==", builder.or_(builder.or_(g, r0), d0), c(0)), builder.extract_value(slots.shape, 0)
 
     def record_of(j):
@@ -78,7 +70,7 @@ def _codegen(context, builder, sig, args):
     with cgutils.for_range_slice(builder, j0, j1, c(1)) as (j, _):
         ahead = builder.add(j, c(_simd.KV_AHEAD))
         with builder.if_then(builder.and_(first, builder.icmp_signed("<", ahead, n))):
-            _prefetch_record(builder, record_of(ahead), record_bytes)
+            prefetch_lines(builder, record_of(ahead), record_lines)
         values = _v_values(builder, builder.gep(record_of(j), [in_record]), bf16)
         for r in range(ROWS):
             w = _splat(builder, builder.load(builder.gep(weights[r], [j])), LANES)
@@ -100,7 +92,7 @@ def _weighted_v_block(typingctx, p, v, slots, j0, j1, g, r0, d0, out):
     ok = (_contiguous(p, slots, out) and isinstance(v, types.Array) and v.ndim == 3
           and v.dtype in (types.uint16, types.float32) and p.dtype == out.dtype == types.float32
           and slots.dtype == types.int32 and j0 == j1 == g == r0 == d0 == types.int64)
-    return (types.none(p, v, slots, j0, j1, g, r0, d0, out), _codegen) if ok else None
+    return (types.none(p, v, slots, j0, j1, g, r0, d0, out), _rows_codegen) if ok else None
 
 
 @overload(_simd.weighted_v_rows, inline="always")

@@ -169,16 +169,21 @@ def _prefetching(ahead: bool):
         skip = builder.add(builder.sdiv(ir.Constant(I64, _simd.PREFETCH_BYTES - 1), divisor), one)
         target = context.cast(builder, args[1], sig.args[1], types.int64)
         target = builder.add(target, skip) if ahead else target
-        prefetch = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-        hint = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]     # read, keep, data
         inside = builder.and_(builder.icmp_signed("<", target, rows), builder.icmp_signed(">=", target, ir.Constant(I64, 0)))
         with builder.if_then(inside):
             start = builder.gep(builder.bitcast(w.data, I8.as_pointer()), [builder.mul(target, step)])
-            lines = builder.add(builder.sdiv(row_bytes, ir.Constant(I64, 64)), one)
-            with cgutils.for_range(builder, lines) as loop:
-                builder.call(prefetch, [builder.gep(start, [builder.mul(loop.index, ir.Constant(I64, 64))])] + hint)
+            prefetch_lines(builder, start, builder.add(builder.sdiv(row_bytes, ir.Constant(I64, 64)), one))
         return context.get_dummy_value()
     return codegen
+
+
+def prefetch_lines(builder, start, lines):
+    """One llvm.prefetch (read, keep in every cache level, data) per 64 bytes from `start` (an i8*)
+    for `lines` (an i64) lines."""
+    prefetch = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    hint = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]
+    with cgutils.for_range(builder, lines) as loop:
+        builder.call(prefetch, [builder.gep(start, [builder.mul(loop.index, ir.Constant(I64, 64))])] + hint)
 
 
 @intrinsic
