@@ -69,6 +69,15 @@ def host() -> tuple[str, frozenset]:
     return codegen._get_host_cpu_name(), frozenset(f[1:] for f in features.split(",") if f.startswith("+"))
 
 
+def weight_prefetch(name=None) -> bool:
+    """Whether the decode GEMVs ask for their weight rows ahead (_simd.prefetch_ahead), by LLVM's
+    CPU name (the host's unless given; numba's cache is keyed on it). Not on AMD Zen ('znver*'):
+    its hardware prefetchers already stream the rows, and the hints made a bf16 decode step of the
+    medium model 1.3-1.5x as long on the Zen 4 VM (quantized files: no gain); on the Xeon EMR VM
+    they took a cold q4_k GEMV from 9.4 to 14-15 GB/s (docs/performance.md)."""
+    return not (host()[0] if name is None else name).startswith("znver")
+
+
 def vector_width(features) -> str:
     if "avx512f" in features:
         return "AVX-512 (16 fp32 lanes)"
@@ -92,5 +101,7 @@ def describe() -> str:
     unused = f"; present but unused: {', '.join(present)}" if present else ""
     prefill = "int8 tile GEMM on AMX-INT8 tiles (tdpbusd; mxfp4 on VNNI tiles)" if amx else TILE_PATHS[int8_tile_path(features)]
     bf16 = "vdpbf16ps tiles (AVX512-BF16)" if bf16_dots(features) else "widened to fp32 for BLAS"
+    ahead = "asked for ahead" if weight_prefetch(name) else "left to the hardware prefetchers (AMD Zen)"
     return (f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}, "
-            f"quantized prefill by {prefill}, bf16 experts' prefill by {bf16}{unused}")
+            f"quantized prefill by {prefill}, bf16 experts' prefill by {bf16}, decode weight rows "
+            f"{ahead}{unused}")

@@ -12,7 +12,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from freetoken.kernels import _simd
+from freetoken.kernels import _isa, _simd
 
 LANES = _simd.LANES
 F32, I32, I64, I8 = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.IntType(8)
@@ -155,11 +155,14 @@ def _row_dot(context, builder, sig, args, block_bytes, values, block_lanes):
 
 
 def _prefetching(ahead: bool):
-    """Codegen of _simd.prefetch_ahead (ahead: the row 1 + (PREFETCH_BYTES - 1) // row bytes past r)
-    or _simd.prefetch_row (row r itself), when that row exists. A row's bytes are its values'
-    (itemsize x the inner shape), found strides[0] apart: for a C array the same thing, for a
-    strided one (a slot of pool.slot_views, each slot contiguous) the slot's own bytes."""
+    """Codegen of _simd.prefetch_ahead (ahead: the row 1 + (PREFETCH_BYTES - 1) // row bytes past r;
+    nothing where _isa.weight_prefetch() says no) or _simd.prefetch_row (row r itself), when that
+    row exists. A row's bytes are its values' (itemsize x the inner shape), found strides[0] apart:
+    for a C array the same thing, for a strided one (a slot of pool.slot_views, each slot
+    contiguous) the slot's own bytes."""
     def codegen(context, builder, sig, args):
+        if ahead and not _isa.weight_prefetch():       # read at each compile: no hint on AMD Zen
+            return context.get_dummy_value()
         w, one = context.make_array(sig.args[0])(context, builder, args[0]), ir.Constant(I64, 1)
         row_bytes = ir.Constant(I64, context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype)))
         for axis in range(1, sig.args[0].ndim):
