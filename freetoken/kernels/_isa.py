@@ -73,7 +73,7 @@ def weight_prefetch(name=None) -> bool:
     """Whether the decode GEMVs ask for their weight rows ahead (_simd.prefetch_ahead), by LLVM's
     CPU name (the host's unless given; numba's cache is keyed on it). Not on AMD Zen ('znver*'):
     its hardware prefetchers already stream the rows, and the hints made a bf16 decode step of the
-    medium model 1.3-1.5x as long on the Zen 4 VM (quantized files: no gain); on the Xeon EMR VM
+    medium model 1.5-1.7x as long on the Zen 4 VM (quantized files: no gain); on the Xeon EMR VM
     they took a cold q4_k GEMV from 9.4 to 14-15 GB/s (docs/performance.md)."""
     return not (host()[0] if name is None else name).startswith("znver")
 

@@ -30,10 +30,11 @@ NAN_SAFE_MATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 HOT_NAN_SAFE = dict(HOT, fastmath=NAN_SAFE_MATH)
 SERIAL_NAN_SAFE = dict(SERIAL, fastmath=NAN_SAFE_MATH)
 
-# the files whose overloads any kernel may inline: part of every kernel's cache stamp (below)
+# the files whose overloads any kernel may inline, and _isa.py (its weight_prefetch picks what
+# _simd_ir emits): part of every kernel's cache stamp (below)
 _OVERLOAD_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
                           for name in ("_numba.py", "_simd.py", "_simd_ir.py", "_simd_int8.py",
-                                        "_simd_itile.py", "_simd_bf16.py"))
+                                        "_simd_itile.py", "_simd_bf16.py", "_simd_attn.py", "_isa.py"))
 
 _lock = threading.RLock()
 _numba = None

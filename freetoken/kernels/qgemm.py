@@ -103,7 +103,7 @@ def _itile(row, code, xt, xd, xs, xb, first, out):
         itile_q6_k(row, xt, xd, xs, xb, first, out)
 
 
-@njit(**SERIAL)
+@njit(inline="always", **SERIAL)   # called, not inlined: 1.85x the time of a Q4_K_M prefill on Zen 4
 def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, out, out2):
     """Rows m0..m1 of group u's expert (and half + m0.. when where's half is set) against all
     of its tiles, into res."""

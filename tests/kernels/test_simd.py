@@ -53,7 +53,7 @@ def test_an_edit_to_the_vector_code_recompiles_the_kernels_that_inline_it():
     import os
     qblocks.dot_rows.dispatcher                          # resolves the kernel and its sources
     names = {os.path.basename(p) for p in qblocks.dot_rows.sources}
-    assert {"qblocks.py", "_numba.py", "_simd.py", "_simd_ir.py"} <= names
+    assert {"qblocks.py", "_numba.py", "_simd.py", "_simd_ir.py", "_simd_attn.py", "_isa.py"} <= names
 
 
 @pytest.mark.parametrize("wanted", [True, False])
