@@ -50,7 +50,6 @@ def test_q8_0_strided_row_takes_a_contiguous_copy():
 def test_an_edit_to_the_vector_code_recompiles_the_kernels_that_inline_it():
     """numba's cache checks only a kernel's own file; the vector IR is inlined through overloads,
     so its files are part of every kernel's cache stamp (kernels/_numba.py)."""
-    import os
     qblocks.dot_rows.dispatcher                          # resolves the kernel and its sources
     names = {os.path.basename(p) for p in qblocks.dot_rows.sources}
     assert {"qblocks.py", "_numba.py", "_simd.py", "_simd_ir.py", "_simd_attn.py", "_isa.py"} <= names
