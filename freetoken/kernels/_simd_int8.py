@@ -113,13 +113,15 @@ def _eight_blocks(parts, block_bytes):
     return block_lanes
 
 
-def _kvalues(builder, codes, path):
-    """The doubled e2m1 values (signed) of 32 codes 0..15: one vpshufb table lookup on the AVX2 and
-    VNNI paths; elsewhere from the bits (m = code & 7: m below 4, else (2 + (m & 1)) << (1 + ((m >> 1) & 1)),
-    negated when bit 3 is set)."""
+def _kvalues(builder, codes, path, offset=0):
+    """The doubled e2m1 values (signed) of 32 codes 0..15, plus offset: one vpshufb table lookup on
+    the AVX2 and VNNI paths; elsewhere from the bits (m = code & 7: m below 4, else (2 + (m & 1)) <<
+    (1 + ((m >> 1) & 1)), negated when bit 3 is set)."""
     if path in ("vnni", "avx2"):
         pshufb = _function(builder, "llvm.x86.avx2.pshuf.b", I8x32, [I8x32, I8x32])
-        return builder.call(pshufb, [ir.Constant(I8x32, [int(v) for v in KVALUES] * 2), codes])
+        return builder.call(pshufb, [ir.Constant(I8x32, [int(v) + offset for v in KVALUES] * 2), codes])
+    if offset:
+        return builder.add(_kvalues(builder, codes, path), _same(8, 32, offset))
     m = builder.and_(codes, _same(8, 32, 7))
     odd = builder.add(_same(8, 32, 2), builder.and_(m, _same(8, 32, 1)))
     big = builder.select(builder.icmp_unsigned(">", m, _same(8, 32, 5)), builder.shl(odd, _same(8, 32, 2)),
@@ -132,6 +134,35 @@ def mxfp4_codes(builder, block):
     """An mxfp4 block's 32 codes <32 x i8> in value order (low nibbles, then high)."""
     codes = _bytes(builder, block, 1, 16)
     return _joined(builder, builder.and_(codes, _same(8, 16, 15)), builder.lshr(codes, _same(8, 16, 4)))
+
+
+MXFP4_OFFSET = 12      # -min(KVALUES): the values plus this are unsigned, vpdpbusd's first operand
+
+
+def _mxfp4_eight(builder, ptrs, acc, path):
+    """acc <8 x float> + eight mxfp4 blocks, block b in lane b: u = the doubled e2m1 values + 12
+    (unsigned: one vpdpbusd a block, no sign moved onto x), each block's integer dot summed across
+    its lanes (_totals8), then per block 2**(e - 128) * (xd * (u . xq) - 12 * xs), xs = xd *
+    sum(xq) (qact's s): the offset taken off once per block, the scales built as one vector."""
+    block, xq, xd, xs = ptrs
+    sums, exps = [], ir.Constant(I32x8, None)
+    for b in range(8):
+        at = builder.gep(block, [ir.Constant(I64, 17 * b)])
+        u = _kvalues(builder, mxfp4_codes(builder, at), path, MXFP4_OFFSET)
+        sums.append(idot(builder, u, _bytes(builder, xq, 32 * b), ZERO8, path))
+        exps = builder.insert_element(exps, builder.zext(_load(builder, at, 0, I8, 1), I32), ir.Constant(I32, b))
+    f8 = ir.VectorType(F32, 8)
+    dots = builder.fmul(_float(builder, _totals8(builder, sums, path)), _load(builder, xd, 0, f8, 4))
+    offsets = builder.fmul(_load(builder, xs, 0, f8, 4), _splat(builder, ir.Constant(F32, float(MXFP4_OFFSET)), 8))
+    return _fma(builder, builder.fsub(dots, offsets), _half_scales(builder, exps), acc)
+
+
+def _half_scales(builder, e):
+    """mxfp4_half_scale of 8 exponents <8 x i32> at once."""
+    small = builder.shl(_same(32, 8, 0x00200000), e)
+    big = builder.shl(builder.sub(e, _same(32, 8, 1)), _same(32, 8, 23))
+    bits = builder.select(builder.icmp_unsigned("<", e, _same(32, 8, 2)), small, big)
+    return builder.bitcast(bits, ir.VectorType(F32, 8))
 
 
 def mxfp4_half_scale(builder, block):
@@ -277,9 +308,8 @@ def _register_int_row(plain, shape, block_lanes):
 
 # (block bytes, values, accumulator lanes, values per xs float: 16 for q6_k, qact.sums16)
 # q8_0 eight blocks a step (bench/kernels/quant_dots.py, 1024x1024, one thread, Zen 4 VM: int8
-# 23.4-23.6 -> 24.7-24.9 G weights/s); mxfp4 one (an eight-block step measured slower in a scratch
-# loop, 11.6-12.3 against 10.8 ns a 256 values: its scale is built from bits, block by block)
-_Q8_0, _MXFP4 = (_eight_blocks(_q8_0_parts, 34), _one_block(_q8_0_parts)), _one_block(_mxfp4_parts)
+# 23.4-23.6 -> 24.7-24.9 G weights/s); mxfp4 eight too (_mxfp4_eight), the rest one at a time
+_Q8_0, _MXFP4 = (_eight_blocks(_q8_0_parts, 34), _one_block(_q8_0_parts)), (_mxfp4_eight, _one_block(_mxfp4_parts))
 for _plain_dot, _shape, _block in ((_simd.idot_q8_0, (34, 32, 8, 32), _Q8_0), (_simd.idot_q4_k, (144, 256, 8, 32), _q4_k),
                                    (_simd.idot_q5_k, (176, 256, 8, 32), _q5_k), (_simd.idot_q6_k, (210, 256, 8, 16), _q6_k),
                                    (_simd.idot_mxfp4, (17, 32, 8, 32), _MXFP4)):
