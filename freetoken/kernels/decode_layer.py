@@ -29,6 +29,8 @@ from freetoken.kernels._blas_pool import workers
 from freetoken.kernels._numba import SERIAL, njit, weight_rows
 from freetoken.kernels.attention_decode import chunking, merge, partials
 from freetoken.kernels.attention import _first_bad_sequence
+from freetoken.kernels.experts import _plan
+from freetoken.kernels.experts_quant import _decode as _experts_decode
 from freetoken.kernels.kv_write import _write
 from freetoken.kernels.linear import _gemv, _gemv_pairs
 from freetoken.kernels.qact import wants_int8
@@ -143,6 +145,26 @@ def _attention_half(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, 
     return OK, 0
 
 
+@njit(**SERIAL)
+def _layer(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, inv_freq, k_cache, v_cache,
+           slots, slot_table, tok_seq, scale, chunks, h_out, router_w, norm_topk, logits, ids, weights, bank):
+    """_attention_half, then the routed experts of its route on h_out added into x, as the MoE
+    runtime's cpu backend runs them (experts.cpu at a decode step: _plan, then experts_quant's
+    _decode on the layer's host bank): bank = (gate_up, down, format codes, int8 flags)."""
+    status = _attention_half(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, inv_freq, k_cache,
+                             v_cache, slots, slot_table, tok_seq, scale, chunks, h_out, router_w, norm_topk,
+                             logits, ids, weights)
+    if status[0] == OK:
+        gate_up, down, codes, int8s = bank
+        uniq, offs, ptok, pw = _plan(ids, weights, gate_up.shape[0])
+        y = np.empty_like(x)
+        _experts_decode(h_out, gate_up, down, codes, int8s, uniq, offs, ptok, pw, y)
+        for t in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                x[t, i] = x[t, i] + y[t, i]
+    return status
+
+
 # ---- the Python side: what the kernel is given, once a step and once a weight -----------------
 
 _kinds: dict = {}           # id(weight array, or a tuple's first part) -> (its weakref, dots, kind)
@@ -150,16 +172,21 @@ _last_step: list = [(None, 0, None)]    # (the last step's batch, its thread cou
                                         # tuple, read and replaced whole (a step runs on one thread)
 
 
-def weight_slots(w, dots):
-    """_linear_into's slots for weight w (an array, or a tuple of parts) under ``dots``, or None
-    when the cpu ops would not run it as one row GEMV call. What kind of weight w is (the format
-    lookups: microseconds a call) is kept per array while the array lives."""
+def _kept(w, dots, kind_of):
+    """kind_of(w, dots), kept per array (w's first part for a tuple) while the array lives: the
+    format lookups cost microseconds a call."""
     key = w[0] if isinstance(w, tuple) else w
     hit = _kinds.get(id(key))
     if hit is None or hit[0]() is not key or hit[1] != dots:
-        hit = (weakref.ref(key, lambda _, k=id(key): _kinds.pop(k, None)), dots, _kind_of(w, dots))
+        hit = (weakref.ref(key, lambda _, k=id(key): _kinds.pop(k, None)), dots, kind_of(w, dots))
         _kinds[id(key)] = hit
-    kind = hit[2]
+    return hit[2]
+
+
+def weight_slots(w, dots):
+    """_linear_into's slots for weight w (an array, or a tuple of parts) under ``dots``, or None
+    when the cpu ops would not run it as one row GEMV call."""
+    kind = _kept(w, dots, _kind_of)
     if kind is None or (kind[0] == "pair") != isinstance(w, tuple):
         return None
     if kind[0] == "pair":
@@ -182,6 +209,19 @@ def _kind_of(w, dots):
     return ("dense",)
 
 
+def bank_slots(bank, dots):
+    """_layer's bank for a host bank (gate_up, down) under ``dots``, or None when experts.cpu
+    would not run it as experts_quant's _decode at one token (a bank not quantized: bf16 rows)."""
+    kind = _kept(bank, dots, _bank_kind)
+    return None if kind is None else (np.ascontiguousarray(bank[0]), np.ascontiguousarray(bank[1]), *kind)
+
+
+def _bank_kind(bank, dots):
+    if not all(map(is_quantized, bank)):
+        return None
+    return tuple(format_of(w).code for w in bank), tuple(wants_int8(w, dots) for w in bank)
+
+
 def step_arrays(batch):
     """(positions, slots, slot_table, tok_seq, chunks) of a decode step at the calling thread's
     compute threads, made once a step (every layer reads the same; asking numba for the thread
@@ -199,12 +239,16 @@ def step_arrays(batch):
     return arrays
 
 
-def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, route=None, *, dots="f32"):
+def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, route=None, bank=None, *, dots="f32"):
     """The attention half of layer weights lw at decode step `batch`: x f32[T,H] gets the
-    attention output added in place; returns (h, routing): h = rms_norm(x, lw.post_norm), routing
-    (ids int32[T,k], weights f32[T,k]) of lw.router for route = (k, norm_topk_prob), or None
-    (no route asked, a dense layer). None instead when the step or the weights are not this
-    kernel's (see the module doc) and the caller composes the ops."""
+    attention output added in place; returns (h, routing, experts_added): h = rms_norm(x,
+    lw.post_norm), routing (ids int32[T,k], weights f32[T,k]) of lw.router for route = (k,
+    norm_topk_prob), or None (no route asked, a dense layer). With bank, the layer's host experts
+    (gate_up, down) that the MoE runtime would run on the CPU, a one-token step whose bank is
+    quantized also gets its routed experts added into x in the same call (experts_added True;
+    why: the Python between the two calls was ~5% of a Q4_K_M medium decode step, Zen 4 VM). None
+    instead when the step or the weights are not this kernel's (see the module doc) and the
+    caller composes the ops."""
     T = x.shape[0]
     if (batch.prefill or T == 0 or T >= FUSED_MAX_T or k_cache.dtype != v_cache.dtype
             or x.dtype != np.float32 or not x.flags.c_contiguous):
@@ -218,12 +262,13 @@ def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, route=None, 
         np.empty((T, route[0]), np.float32))
     positions, slots, slot_table, tok_seq, chunks = step_arrays(batch)
     h = np.empty_like(x)
-    status, where = _attention_half(
-        x, (lw.input_norm, lw.post_norm), np.float32(eps), qkv_w, o_w, lw.q_norm, lw.k_norm, dims,
-        positions, inv_freq, k_cache, v_cache, slots, slot_table, tok_seq, np.float32(scale), chunks, h,
-        router_w, bool(route[1]) if route else False, *routing)
+    experts = None if bank is None or router_w is None or T != 1 else bank_slots(bank, dots)
+    args = (x, (lw.input_norm, lw.post_norm), np.float32(eps), qkv_w, o_w, lw.q_norm, lw.k_norm, dims,
+            positions, inv_freq, k_cache, v_cache, slots, slot_table, tok_seq, np.float32(scale), chunks, h,
+            router_w, bool(route[1]) if route else False, *routing)
+    status, where = _attention_half(*args) if experts is None else _layer(*args, experts)
     _raise_for(status, where, slots, k_cache.shape[0])
-    return h, (None if router_w is None else routing[1:])
+    return h, (None if router_w is None else routing[1:]), experts is not None
 
 
 def _raise_for(status, where, slots, n_slots):

@@ -34,25 +34,31 @@ class Qwen3Moe:
         ops = self.ops
         x = ops.embedding(batch.ids, self.w.embed)                       # [T, H]
         for layer, lw in enumerate(self.w.layers):
-            x, h, routing = self._attention_half(layer, lw, x, batch)
-            x = x + self._mlp(layer, lw, h, batch, routing)
+            x, h, routing, experts_added = self._attention_half(layer, lw, x, batch)
+            if not experts_added:
+                x = x + self._mlp(layer, lw, h, batch, routing)
         last = ops.rms_norm(x[batch.last_index], self.w.final_norm, self.cfg.rms_norm_eps)  # [B, H]
         return ops.linear(last, self.w.lm_head)                          # [B, V]
 
     def _attention_half(self, layer: int, lw, x, batch: ForwardBatch):
-        """(x + attention, its post-attention norm h, the router's (ids, weights) of h or None):
-        ops.decode_layer's one call where the backend has one and takes the step (x updated in
-        place), else composed from the ops."""
+        """(x + attention, its post-attention norm h, the router's (ids, weights) of h or None,
+        whether the routed experts were added into x too): ops.decode_layer's one call where the
+        backend has one and takes the step (x updated in place; the experts with it when the MoE
+        runtime hands over the layer's host bank), else composed from the ops."""
         ops, cfg = self.ops, self.cfg
         if ops.decode_layer is not None:
             k_cache, v_cache = self.kv.layer(layer)
+            j = self.moe_index.get(layer) if lw.router is not None else None
+            bank = None if j is None else self.moe.inline_bank(j, batch.prefill)
             fused = ops.decode_layer(x, lw, k_cache, v_cache, batch, self.inv_freq, cfg.rms_norm_eps, self.scale,
                                      (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
-                                     (cfg.num_experts_per_tok, cfg.norm_topk_prob))
+                                     (cfg.num_experts_per_tok, cfg.norm_topk_prob), bank)
             if fused is not None:
+                if fused[2]:
+                    self.moe.routed_inline(j, fused[1][0])
                 return x, *fused
         x = x + self._attention(layer, lw, ops.rms_norm(x, lw.input_norm, cfg.rms_norm_eps), batch)
-        return x, ops.rms_norm(x, lw.post_norm, cfg.rms_norm_eps), None
+        return x, ops.rms_norm(x, lw.post_norm, cfg.rms_norm_eps), None, False
 
     def _attention(self, layer: int, lw, h, batch: ForwardBatch):
         cfg, ops = self.cfg, self.ops

@@ -123,6 +123,17 @@ class MoERuntime:
             return self.branch.run_all(x, ids, weights, self.host.host(j))
         return self._decode_cached(j, x, ids, weights)
 
+    def inline_bank(self, j: int, prefill: bool):
+        """Layer j's host bank (gate_up, down) when a decode step's experts run on the CPU in
+        place (the cpu backend), for a caller that runs them inside its own kernel call
+        (kernels/decode_layer.py) and then reports the route with routed_inline; else None."""
+        return None if prefill or self.backend != "cpu" else self.host.host(j)
+
+    def routed_inline(self, j: int, ids) -> None:
+        """The counters of forward() for the route a caller ran itself on inline_bank(j)."""
+        self.res.count_routed(j, ids, ("misses", "cpu_execs"))
+        self.branch.calls += 1
+
     def _prefill(self, j: int, x, ids, weights):
         self.prefill_calls += 1
         if self.resident is not None:

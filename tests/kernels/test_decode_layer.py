@@ -25,14 +25,17 @@ CASES = {   # name -> (model, engine options)
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts the fused kernel's calls (the module-level name decode_layer.cpu calls)."""
-    calls = types.SimpleNamespace(n=0)
-    kernel = decode_layer._attention_half
+    """Counts decode_layer.cpu's one-call layers (n) and those of them that added the routed
+    experts too (experts); the engine's ops bind decode_layer.cpu when the LLM is made."""
+    calls = types.SimpleNamespace(n=0, experts=0)
+    plain = decode_layer.cpu
 
-    def counted(*args):
-        calls.n += 1
-        return kernel(*args)
-    monkeypatch.setattr(decode_layer, "_attention_half", counted)
+    def counted(*args, **kwargs):
+        out = plain(*args, **kwargs)
+        calls.n += out is not None
+        calls.experts += out is not None and out[2]
+        return out
+    monkeypatch.setattr(decode_layer, "cpu", counted)
     return calls
 
 
@@ -53,9 +56,22 @@ def test_one_call_a_layer_gives_the_composed_ops_bit_for_bit(case, fused_calls):
     assert fused_calls.n > 0
 
 
-def test_batch_1_equals_the_composed_ops(fused_calls):
-    model, options = CASES["q4_k and a q|k + v pair"]
-    assert _generate(model, True, options, PROMPTS[:1]) == _generate(model, False, options, PROMPTS[:1])
+@pytest.mark.parametrize("case", ["q4_k and a q|k + v pair", "q8_0, f32 dots"])
+def test_batch_1_with_the_experts_in_the_call_equals_the_composed_ops(case, fused_calls):
+    """At one token a step a quantized bank's routed experts run in the layer's call too (the MoE
+    runtime's cpu backend hands over its host bank): the same tokens and logprobs, bit for bit,
+    and the runtime's counters as when it ran them."""
+    model, options = CASES[case]
+    composed = LLM(model, backend="cpu", moe_backend="cpu", cpu_decode_layer=False, **options)
+    fused = LLM(model, backend="cpu", moe_backend="cpu", cpu_decode_layer=True, **options)
+    outs = [llm.generate(PROMPTS[:1], PARAMS)[0] for llm in (composed, fused)]
+    assert outs[0].token_ids == outs[1].token_ids
+    assert [(lp.token, lp.logprob, lp.top) for lp in outs[0].logprobs] == \
+        [(lp.token, lp.logprob, lp.top) for lp in outs[1].logprobs]
+    assert fused_calls.experts == fused_calls.n > 0
+    moe = [llm.core.model.moe for llm in (composed, fused)]
+    assert np.array_equal(moe[0].res.counters_host(), moe[1].res.counters_host())
+    assert moe[0].branch.calls == moe[1].branch.calls
 
 
 def test_prefill_and_wide_steps_are_composed():
