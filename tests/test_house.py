@@ -83,7 +83,10 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # bank the MoE runtime's cpu backend hands over (decode_layer._layer, runtime.inline_bank; ~37
 # lines: Q4_K_M medium decode 0.85-0.99x the time per token, median 0.96, in 6 interleaved pairs;
 # MXFP4_MOE 0.94-0.99 in 3 of 4, EPYC Zen 4 VM)
-MAX_PACKAGE_LINES = 16_690
+# -> 16,725: bf16 banks' decode experts in the layer's call too (kernels/experts_pairs.py, the
+# bf16-pair GEMV and its roundings in one numba call; ~34 lines: bf16 medium decode 0.92-1.07x the
+# time per token, median 0.96, 5 of 6 interleaved pairs faster, EPYC Zen 4 VM)
+MAX_PACKAGE_LINES = 16_725
 
 
 def _module_name(path: Path) -> str:

@@ -30,9 +30,10 @@ from freetoken.kernels._numba import SERIAL, njit, weight_rows
 from freetoken.kernels.attention_decode import chunking, merge, partials
 from freetoken.kernels.attention import _first_bad_sequence
 from freetoken.kernels.experts import _plan
+from freetoken.kernels.experts_pairs import _pairs_gemv
 from freetoken.kernels.experts_quant import _decode as _experts_decode
 from freetoken.kernels.kv_write import _write
-from freetoken.kernels.linear import _gemv, _gemv_pairs
+from freetoken.kernels.linear import _gemv, _gemv_pairs, split_pairs
 from freetoken.kernels.qact import wants_int8
 from freetoken.kernels.qformats import format_of, is_quantized
 from freetoken.kernels.rms_norm import _rms_norm
@@ -41,18 +42,6 @@ from freetoken.kernels.router import _route
 
 FUSED_MAX_T = min(linear_quant.GEMM_MIN_T, _linear_op.BLAS_MIN_T)   # tokens below which linears are GEMVs
 OK, BAD_KV_SLOT, BAD_TOKEN, BAD_SEQUENCE = 0, 1, 2, 3                 # the kernel's status
-
-
-@njit(**SERIAL)
-def _split_pairs(x):
-    """x f32[T,K] -> f32[T,2,K/2], the activation layout of bf16-pair rows (_numba.split_x)."""
-    T, K = x.shape
-    xs = np.empty((T, 2, K // 2), np.float32)
-    for t in range(T):
-        for i in range(K // 2):
-            xs[t, 0, i] = x[t, 2 * i]
-            xs[t, 1, i] = x[t, 2 * i + 1]
-    return xs
 
 
 @njit(**SERIAL)
@@ -67,7 +56,7 @@ def _gemv_into(x, q0, c0, i0, q1, c1, i1, rows, plain, out):
         else:
             _qgemv(x, q0, c0, i0, out)
     if rows is not None:
-        _gemv_pairs(_split_pairs(x), rows, toks, out)
+        _gemv_pairs(split_pairs(x), rows, toks, out)
     if plain is not None:
         _gemv(x.reshape(x.shape[0], 1, x.shape[1]), plain, toks, out)
 
@@ -150,19 +139,32 @@ def _layer(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, inv_freq,
            slots, slot_table, tok_seq, scale, chunks, h_out, router_w, norm_topk, logits, ids, weights, bank):
     """_attention_half, then the routed experts of its route on h_out added into x, as the MoE
     runtime's cpu backend runs them (experts.cpu at a decode step: _plan, then experts_quant's
-    _decode on the layer's host bank): bank = (gate_up, down, format codes, int8 flags)."""
+    _decode on a quantized host bank, experts_pairs._pairs_gemv on bf16-pair rows): bank = (quantized
+    gate_up, down, format codes, int8 flags, bf16-pair gate_up, down, bf16 rounding), the slots
+    of the kind not given None."""
     status = _attention_half(x, norms, eps, qkv_w, o_w, q_norm, k_norm, dims, positions, inv_freq, k_cache,
                              v_cache, slots, slot_table, tok_seq, scale, chunks, h_out, router_w, norm_topk,
                              logits, ids, weights)
     if status[0] == OK:
-        gate_up, down, codes, int8s = bank
-        uniq, offs, ptok, pw = _plan(ids, weights, gate_up.shape[0])
-        y = np.empty_like(x)
-        _experts_decode(h_out, gate_up, down, codes, int8s, uniq, offs, ptok, pw, y)
+        y = _experts_into(h_out, ids, weights, bank[0], bank[1], bank[2], bank[3], bank[4], bank[5], bank[6])
         for t in range(x.shape[0]):
             for i in range(x.shape[1]):
                 x[t, i] = x[t, i] + y[t, i]
     return status
+
+
+@njit(**SERIAL)
+def _experts_into(h, ids, weights, gate_up, down, codes, int8s, rows_gu, rows_dn, rnd):
+    """_layer's experts on h f32[T,H]; the bank's unused slots are None (numba drops the branches
+    of a None argument, as in _gemv_into)."""
+    y = np.empty_like(h)
+    if gate_up is not None:
+        uniq, offs, ptok, pw = _plan(ids, weights, gate_up.shape[0])
+        _experts_decode(h, gate_up, down, codes, int8s, uniq, offs, ptok, pw, y)
+    if rows_gu is not None:
+        uniq, offs, ptok, pw = _plan(ids, weights, rows_gu.shape[0])
+        _pairs_gemv(h, rows_gu, rows_dn, rnd, uniq, offs, ptok, pw, y)
+    return y
 
 
 # ---- the Python side: what the kernel is given, once a step and once a weight -----------------
@@ -211,15 +213,19 @@ def _kind_of(w, dots):
 
 def bank_slots(bank, dots):
     """_layer's bank for a host bank (gate_up, down) under ``dots``, or None when experts.cpu
-    would not run it as experts_quant's _decode at one token (a bank not quantized: bf16 rows)."""
+    would not run it at one token as experts_quant's _decode (quantized) or _pairs_gemv (bf16
+    rows read as pairs; --cpu-dots int8 rounds to bf16 before each bank, experts_bf16.wants_bf16)."""
     kind = _kept(bank, dots, _bank_kind)
-    return None if kind is None else (np.ascontiguousarray(bank[0]), np.ascontiguousarray(bank[1]), *kind)
+    if kind == "pairs":
+        return None, None, (0, 0), (False, False), weight_rows(bank[0]), weight_rows(bank[1]), dots == "int8"
+    return None if kind is None else (np.ascontiguousarray(bank[0]), np.ascontiguousarray(bank[1]), *kind,
+                                      None, None, False)
 
 
 def _bank_kind(bank, dots):
-    if not all(map(is_quantized, bank)):
-        return None
-    return tuple(format_of(w).code for w in bank), tuple(wants_int8(w, dots) for w in bank)
+    if all(map(is_quantized, bank)):
+        return tuple(format_of(w).code for w in bank), tuple(wants_int8(w, dots) for w in bank)
+    return "pairs" if all(weight_rows(w).dtype == np.uint32 for w in bank) else None
 
 
 def step_arrays(batch):

@@ -14,7 +14,8 @@ from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, w
 from freetoken.kernels import experts_bf16
 from freetoken.kernels.experts_bf16 import bf16_rounding, rounded_bf16, wants_bf16
 from freetoken.kernels.experts_quant import _combine   # shared with the quantized decode, which runs it in its own call
-from freetoken.kernels.linear import dot_rows2, rows_block4, widen_rows
+from freetoken.kernels.experts_pairs import _pairs_gemv
+from freetoken.kernels.linear import widen_rows
 from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
 from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
 
@@ -136,63 +137,19 @@ def _down(act, down, uniq, offs, iota, y):
             dots(pairs, rows, down[uniq[u], h], y[h, offs[u]:])
 
 
-@njit(**HOT)
-def _gate_up_pairs(xs, gate_up, uniq, offs, ptok, act):
-    """_gate_up for bf16-pair rows (xs f32[T,2,H/2], gate_up u32[S,2I,H/2], act f32[P,2,I/2]):
-    groups of four tokens share each row (dots); a lone token (decode) reads gate row i and up
-    row i in one loop, two streams I rows apart (linear.dot_rows2)."""
-    I = gate_up.shape[1] // 2
-    nib = (I + ROWS - 1) // ROWS
-    for item in prange(uniq.shape[0] * nib):
-        u, i0 = item // nib, (item % nib) * ROWS
-        toks = ptok[offs[u]:offs[u + 1]]
-        n = toks.shape[0]
-        n4 = n // 4 * 4
-        g = np.empty(n, np.float32)
-        v = np.empty(n, np.float32)
-        w = gate_up[uniq[u]]
-        for i in range(i0, min(i0 + ROWS, I)):
-            if n4:
-                dots(xs, toks[:n4], w[i], g)
-                dots(xs, toks[:n4], w[I + i], v)
-            for j in range(n4, n):
-                g[j], v[j] = dot_rows2(xs[toks[j]], w, i, I + i)
-            for j in range(n):
-                act[offs[u] + j, i % 2, i // 2] = silu_mul(g[j], v[j])
-
-
-@njit(**HOT)
-def _down_pairs(act, down, uniq, offs, iota, y):
-    """_down for bf16-pair rows (act f32[P,2,I/2], down u32[S,H,I/2]): groups of four pairs share
-    each row (dots); the rest read a block's rows as four streams (linear.rows_block4)."""
-    H = y.shape[0]
-    nhb = (H + ROWS - 1) // ROWS
-    for item in prange(uniq.shape[0] * nhb):
-        u, h0 = item // nhb, (item % nhb) * ROWS
-        h1 = min(h0 + ROWS, H)
-        pairs = act[offs[u]:offs[u + 1]]
-        n = pairs.shape[0]
-        n4 = n // 4 * 4
-        w = down[uniq[u]]
-        if n4:
-            for h in range(h0, h1):
-                dots(pairs, iota[:n4], w[h], y[h, offs[u]:])
-        for j in range(n4, n):
-            rows_block4(pairs[j], w, h0, h1, y[:, offs[u] + j])
-
-
 def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out, bf16=False):
     """Few tokens (decode): every weight row is read once per call, by the numba row dots."""
     gu, dn = weight_rows(gate_up), weight_rows(down)
+    if gu.dtype == np.uint32 and dn.dtype == np.uint32:
+        return _pairs_gemv(np.ascontiguousarray(x, np.float32), gu, dn, bf16, uniq, offs, ptok, pw, out)
     Ld = 2 if dn.dtype == np.uint32 else 1
     P = ptok.shape[0]
     act = np.empty((P, Ld, down.shape[2] // Ld), np.float32)     # [P,Ld,I/Ld]
     y = np.empty((out.shape[1], P), np.float32)                   # [H,P]
-    pairs = gu.dtype == np.uint32 and dn.dtype == np.uint32
-    (_gate_up_pairs if pairs else _gate_up)(split_x(x, gu), gu, uniq, offs, ptok, act)
+    _gate_up(split_x(x, gu), gu, uniq, offs, ptok, act)
     if bf16:
         act[...] = rounded_bf16(act)
-    (_down_pairs if pairs else _down)(act, dn, uniq, offs, np.arange(P, dtype=np.int32), y)
+    _down(act, dn, uniq, offs, np.arange(P, dtype=np.int32), y)
     _combine(y, ptok, pw, out)
     return out
 

@@ -108,6 +108,19 @@ def rows_block4(xt, w, r0, r1, out):
             out[r] = dot(xt, w[r])
 
 
+@njit(**SERIAL)
+def split_pairs(x):
+    """x f32[T,K] -> f32[T,2,K/2], the activation layout of bf16-pair rows (_numba.split_x), in
+    numba: for the decode calls that run several kernels in one (kernels/decode_layer.py)."""
+    T, K = x.shape
+    xs = np.empty((T, 2, K // 2), np.float32)
+    for t in range(T):
+        for i in range(K // 2):
+            xs[t, 0, i] = x[t, 2 * i]
+            xs[t, 1, i] = x[t, 2 * i + 1]
+    return xs
+
+
 @njit(**HOT)
 def _gemv_pairs(xs, w, toks, out):
     """_gemv for bf16-pair rows (w u32[M,K/2], xs f32[T,2,K/2]): tokens in fours share each row

@@ -56,10 +56,10 @@ def test_one_call_a_layer_gives_the_composed_ops_bit_for_bit(case, fused_calls):
     assert fused_calls.n > 0
 
 
-@pytest.mark.parametrize("case", ["q4_k and a q|k + v pair", "q8_0, f32 dots"])
+@pytest.mark.parametrize("case", ["q4_k and a q|k + v pair", "q8_0, f32 dots", "bf16 rows, bf16 KV"])
 def test_batch_1_with_the_experts_in_the_call_equals_the_composed_ops(case, fused_calls):
     """At one token a step a quantized bank's routed experts run in the layer's call too (the MoE
-    runtime's cpu backend hands over its host bank): the same tokens and logprobs, bit for bit,
+    runtime's cpu backend hands over its host bank; bf16-pair rows too): the same tokens and logprobs, bit for bit,
     and the runtime's counters as when it ran them."""
     model, options = CASES[case]
     composed = LLM(model, backend="cpu", moe_backend="cpu", cpu_decode_layer=False, **options)

@@ -195,8 +195,8 @@ def test_head_scores_matches_its_spec(rep, D, dtype):
     assert np.isnan(got[..., 0]).all() and not np.isnan(got[..., 1:21]).any() and np.isnan(got[..., 21:]).all()
 
 
-DECODE_GEMVS = ("linear_quant._gemv", "experts_quant._decode", "linear._gemv_pairs", "experts._gate_up_pairs",
-                "experts._down_pairs")
+DECODE_GEMVS = ("linear_quant._gemv", "experts_quant._decode", "linear._gemv_pairs", "experts_pairs._gate_up_pairs",
+                "experts_pairs._down_pairs")
 
 
 def test_the_decode_gemvs_ask_for_the_rows_ahead(tmp_path):
