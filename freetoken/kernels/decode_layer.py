@@ -251,7 +251,7 @@ def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, route=None, 
     lw.post_norm), routing (ids int32[T,k], weights f32[T,k]) of lw.router for route = (k,
     norm_topk_prob), or None (no route asked, a dense layer). With bank, the layer's host experts
     (gate_up, down) that the MoE runtime would run on the CPU, a one-token step whose bank is
-    quantized also gets its routed experts added into x in the same call (experts_added True;
+    quantized or bf16 pairs also gets its routed experts added into x in the same call (experts_added True;
     why: the Python between the two calls was ~5% of a Q4_K_M medium decode step, Zen 4 VM). None
     instead when the step or the weights are not this kernel's (see the module doc) and the
     caller composes the ops."""
