@@ -8,7 +8,8 @@ on the same arrays, so its result is the composition's bit for bit
 Why: at batch 1 each op is a numba call plus its Python wrapper, ~15 of them a layer; on the
 2-core Zen 4 VM a step of synth:tiny,layers=12 (ops of no size) took 1.3 ms, a fifth of a
 Q4_K_M medium step (docs/performance.md, "where the decode-at-64 gap is"). One call a layer keeps
-the kernels and drops the Python between them.
+the kernels and drops the Python between them. At one token a step the layer's routed experts
+join the call too (``_layer``) when the MoE runtime's cpu backend hands over their host bank.
 
 Taken only where the cpu ops would run these kernels: a decode step (no sequence computes more
 than one token) of fewer than FUSED_MAX_T tokens, so every linear is a row GEMV (not BLAS or the

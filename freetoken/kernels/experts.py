@@ -138,10 +138,12 @@ def _down(act, down, uniq, offs, iota, y):
 
 
 def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out, bf16=False):
-    """Few tokens (decode): every weight row is read once per call, by the numba row dots."""
+    """Few tokens (decode): every weight row is read once per call, by the numba row dots; x and
+    the silu's output rounded to bf16 first under bf16."""
     gu, dn = weight_rows(gate_up), weight_rows(down)
     if gu.dtype == np.uint32 and dn.dtype == np.uint32:
-        return _pairs_gemv(np.ascontiguousarray(x, np.float32), gu, dn, bf16, uniq, offs, ptok, pw, out)
+        return _pairs_gemv(x, gu, dn, bf16, uniq, offs, ptok, pw, out)
+    x = rounded_bf16(x) if bf16 else x
     Ld = 2 if dn.dtype == np.uint32 else 1
     P = ptok.shape[0]
     act = np.empty((P, Ld, down.shape[2] // Ld), np.float32)     # [P,Ld,I/Ld]
@@ -213,12 +215,11 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
     if many and bf16 and experts_bf16.runs_here(weight_rows(gate_up), weight_rows(down)):
         # the tiles round x as they pack it (the same rounding): not twice
         return experts_bf16.gemm(x, weight_rows(gate_up), weight_rows(down), *plan, out)
-    x = rounded_bf16(x) if bf16 else x
     if many:
-        return _blas(x, gate_up, down, *plan, out, dots, bf16)
+        return _blas(rounded_bf16(x) if bf16 else x, gate_up, down, *plan, out, dots, bf16)
     if quantized:
         return quant.gemv(x, gate_up, down, *plan, out, dots)
-    return _gemv(x, gate_up, down, *plan, out, bf16)
+    return _gemv(x, gate_up, down, *plan, out, bf16)     # rounds x itself under bf16
 
 
 # --- gpu (cuda/experts.cu) ----------------------------------------------------------------------

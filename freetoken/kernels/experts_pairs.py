@@ -71,7 +71,7 @@ def _rounded_bf16(a):
 @njit(**SERIAL)
 def _pairs_gemv(x, gu, dn, rnd, uniq, offs, ptok, pw, out):
     """_gemv on bf16-pair rows (gu u32[S,2I,H/2], dn u32[S,H,I/2]) in one numba call, x and the
-    silu's output rounded to bf16 first when rnd (rounding is idempotent: x may come rounded)."""
+    silu's output rounded to bf16 first when rnd."""
     P = ptok.shape[0]
     xs = split_pairs(_rounded_bf16(x) if rnd else x)
     act = np.empty((P, 2, dn.shape[2]), np.float32)             # [P,2,I/2]
