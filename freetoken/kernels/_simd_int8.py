@@ -18,7 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from freetoken.kernels import _simd
-from freetoken.kernels._isa import int8_dot_path
+from freetoken.kernels._isa import host, int8_dot_path
 from freetoken.kernels.qmxfp4 import KVALUES
 from freetoken.kernels._simd_ir import (F32, I8, I32, I64, _bytes, _contiguous, _fp16, _function,
                                         _k4_coefficients, _lanes, _load, _same, _splat)
@@ -92,20 +92,40 @@ def _one_block(parts):
     return block_lanes
 
 
-def _eight_blocks(parts, block_bytes):
-    """acc <8 x float> + eight 32-value blocks, block b in lane b: each block's integer dot summed
-    across its lanes first (_totals8), then one multiply-add for the eight (their scales * xd)."""
-    def block_lanes(builder, ptrs, acc, path):
-        block, xq, xd, _ = ptrs
-        sums, scales = [], ir.Constant(ir.VectorType(F32, 8), None)
+def _q8_0_eight(builder, ptrs, acc, path):
+    """acc <8 x float> + eight q8_0 blocks, block b in lane b: each block's integer dot summed
+    across its lanes first (_totals8), then one multiply-add for the eight (their d * xd), the 8
+    d read by one shuffle (_fp16_eight). On VNNI the quants go in plus 128 (unsigned: one vpxor
+    for vpdpbusd's first operand instead of vpabsb and vpsignb), the offset taken off per block as
+    128 * xs (qact's s, xd * sum(xq)); pmaddubsw's int16 pairs would overflow at 255 * 127 * 2,
+    so AVX2 moves q's sign onto x."""
+    block, xq, xd, xs = ptrs
+    sums = []
+    for b in range(8):
+        q, x = _bytes(builder, block, 34 * b + 2), _bytes(builder, xq, 32 * b)
+        if path == "vnni":
+            sums.append(idot(builder, builder.xor(q, _same(8, 32, -128)), x, ZERO8, path))
+        else:
+            sums.append(_signed_dot(builder, q, x, path, psign=True))
+    f8 = ir.VectorType(F32, 8)
+    dots = builder.fmul(_float(builder, _totals8(builder, sums, path)), _load(builder, xd, 0, f8, 4))
+    if path == "vnni":
+        dots = builder.fsub(dots, builder.fmul(_load(builder, xs, 0, f8, 4), _splat(builder, ir.Constant(F32, 128.0), 8)))
+    return _fma(builder, dots, _fp16_eight(builder, block, 34), acc)
+
+
+def _fp16_eight(builder, block, stride):
+    """The fp16 at bytes 0, stride, .., 7 * stride of block (stride even, < 36) as <8 x float>:
+    one shuffle of the 128 words and one vcvtph2ps where the target has F16C (vpermi2w on
+    AVX512BW), else one at a time (_fp16)."""
+    if "f16c" not in host()[1]:
+        out = ir.Constant(ir.VectorType(F32, 8), None)
         for b in range(8):
-            at = builder.gep(block, [ir.Constant(I64, block_bytes * b)])
-            ints, scale = parts(builder, at, builder.gep(xq, [ir.Constant(I64, 32 * b)]), path, psign=True)
-            sums.append(ints)
-            scales = builder.insert_element(scales, scale, ir.Constant(I32, b))
-        scales = builder.fmul(scales, _load(builder, xd, 0, ir.VectorType(F32, 8), 4))
-        return _fma(builder, _float(builder, _totals8(builder, sums, path)), scales, acc)
-    return block_lanes
+            out = builder.insert_element(out, _fp16(builder, block, stride * b), ir.Constant(I32, b))
+        return out
+    words = _load(builder, block, 0, ir.VectorType(ir.IntType(16), 128), 1)
+    halves = builder.bitcast(_lanes(builder, words, range(0, 4 * stride, stride // 2)), ir.VectorType(ir.HalfType(), 8))
+    return builder.fpext(halves, ir.VectorType(F32, 8))
 
 
 def _kvalues(builder, codes, path, offset=0):
@@ -312,8 +332,9 @@ def _register_int_row(plain, shape, block_lanes):
 
 # (block bytes, values, accumulator lanes, values per xs float: 16 for q6_k, qact.sums16)
 # q8_0 eight blocks a step (bench/kernels/quant_dots.py, 1024x1024, one thread, Zen 4 VM: int8
-# 23.4-23.6 -> 24.7-24.9 G weights/s); mxfp4 eight too (_mxfp4_eight), the rest one at a time
-_Q8_0, _MXFP4 = (_eight_blocks(_q8_0_parts, 34), _one_block(_q8_0_parts)), (_mxfp4_eight, _one_block(_mxfp4_parts))
+# 23.4-23.6 -> 24.7-24.9 G weights/s; with the offset and the one-shuffle scales, 2 threads, 3
+# rounds alternating: 46.7-51.4 against 34.0-44.3); mxfp4 eight too, the rest one at a time
+_Q8_0, _MXFP4 = (_q8_0_eight, _one_block(_q8_0_parts)), (_mxfp4_eight, _one_block(_mxfp4_parts))
 for _plain_dot, _shape, _block in ((_simd.idot_q8_0, (34, 32, 8, 32), _Q8_0), (_simd.idot_q4_k, (144, 256, 8, 32), _q4_k),
                                    (_simd.idot_q5_k, (176, 256, 8, 32), _q5_k), (_simd.idot_q6_k, (210, 256, 8, 16), _q6_k),
                                    (_simd.idot_mxfp4, (17, 32, 8, 32), _MXFP4)):
