@@ -60,7 +60,7 @@ def _float(builder, ints):
 def _signed_dot(builder, k, x, path, psign):
     """<8 x i32> lane sums of k <32 x i8> (signed, |k| <= 127) times x (signed): |k| against x with
     k's sign moved onto it (vpdpbusd wants one operand unsigned), by vpsignb when psign (AVX2: one
-    instruction; measured faster only in _eight_blocks' loop, slower in the block-at-a-time one
+    instruction; measured faster only in _q8_0_eight's loop, slower in the block-at-a-time one
     on the Zen 4 VM) or a compare and a masked subtract."""
     absolute = _function(builder, "llvm.abs.v32i8", I8x32, [I8x32, ir.IntType(1)])
     u = builder.call(absolute, [k, ir.Constant(ir.IntType(1), 0)])
@@ -71,15 +71,15 @@ def _signed_dot(builder, k, x, path, psign):
     return idot(builder, u, s, ZERO8, path)
 
 
-def _q8_0_parts(builder, block, xq, path, psign=False):
+def _q8_0_parts(builder, block, xq, path):
     """(the <8 x i32> lane sums of q * xq, d) of one q8_0 block (d fp16 at byte 0, q at 2)."""
-    return _signed_dot(builder, _bytes(builder, block, 2), _bytes(builder, xq, 0), path, psign), _fp16(builder, block, 0)
+    return _signed_dot(builder, _bytes(builder, block, 2), _bytes(builder, xq, 0), path, False), _fp16(builder, block, 0)
 
 
-def _mxfp4_parts(builder, block, xq, path, psign=False):
+def _mxfp4_parts(builder, block, xq, path):
     """(the lane sums of k * xq, 2**(e - 128)) of one mxfp4 block: k the doubled e2m1 values."""
     k = _kvalues(builder, mxfp4_codes(builder, block), path)
-    return _signed_dot(builder, k, _bytes(builder, xq, 0), path, psign), mxfp4_half_scale(builder, block)
+    return _signed_dot(builder, k, _bytes(builder, xq, 0), path, False), mxfp4_half_scale(builder, block)
 
 
 def _one_block(parts):

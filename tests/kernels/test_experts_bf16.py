@@ -121,3 +121,15 @@ def test_the_compiled_tile_product_is_its_python_spec():
     compiled(w, xt, got)
     assert_close("btile_bf16", spec, got, atol=1e-5, rtol=1e-5)
     assert not got[:4].any() and not got[:, :2].any()           # only rows 4..7, tiles 2..3
+
+
+def test_the_numba_rounding_gives_the_specs_bits():
+    """experts_pairs._rounded_bf16 (inside the decode GEMV's numba call) against rounded_bf16, bit
+    for bit: ties to even both ways, NaN, infinities, signed zero, subnormals, a bf16 max overflow."""
+    from freetoken.kernels.experts_pairs import _rounded_bf16
+    edges = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x3F807FFF, 0x7FC00001, 0xFF800000, 0x7F800000,
+                      0x80000000, 0x00000001, 0x00408000, 0x7F7FFFFF], np.uint32).view(np.float32)
+    a = np.concatenate([edges, np.random.default_rng(3).standard_normal(4096).astype(np.float32) * 1e3]).reshape(3, -1)
+    got, want = _rounded_bf16(a), experts_bf16.rounded_bf16(a)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
