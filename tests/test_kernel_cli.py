@@ -65,13 +65,13 @@ def test_describe_names_the_dot_product_instructions_present(monkeypatch):
     monkeypatch.setattr(_isa, "host", lambda: ("haswell", frozenset({"avx2", "fma"})))
     assert _isa.describe() == ("numba target haswell, AVX2+FMA (8 fp32 lanes), fp32 FMA, "
                                "int8 dots by AVX2 pmaddubsw+pmaddwd, quantized prefill by dequantize + fp32 "
-                               "BLAS (no vpdpbusd for the int8 tile GEMM), bf16 experts' prefill by widened "
-                               "to fp32 for BLAS, decode weight rows asked for ahead")
+                               "BLAS (no vpdpbusd for the int8 tile GEMM), bf16 experts' prefill widened "
+                               "to fp32 for BLAS, decode by fp32 FMAs, decode weight rows asked for ahead")
     monkeypatch.setattr(_isa, "host", lambda: ("znver4", frozenset({"avx512f", "avx512vl", "avx512vnni"})))
     assert "int8 dots by VNNI vpdpbusd, quantized prefill by int8 tile GEMM, 512-bit" in _isa.describe()
     assert "unused" not in _isa.describe()
     monkeypatch.setattr(_isa, "host", lambda: ("znver4", frozenset({"avx512f", "avx512vl", "avx512vnni", "avx512bf16"})))
-    assert "bf16 experts' prefill by vdpbf16ps tiles (AVX512-BF16)" in _isa.describe()
+    assert "bf16 experts' prefill by vdpbf16ps tiles, decode by vdpbf16ps row dots (AVX512-BF16)" in _isa.describe()
     assert "unused" not in _isa.describe() and "left to the hardware prefetchers (AMD Zen)" in _isa.describe()
     amx = frozenset({"avx512f", "avx512vl", "avx512vnni", "amx-int8", "amx-tile", "amx-bf16"})
     monkeypatch.setattr(_isa, "host", lambda: ("sapphirerapids", amx))

@@ -34,8 +34,8 @@ def int8_tile_path(features) -> str:
 
 
 def bf16_dots(features=None) -> bool:
-    """Whether bf16 experts' prefill runs on vdpbf16ps tiles (kernels/experts_bf16.py): AVX512-BF16
-    with AVX-512 (the host's features unless given)."""
+    """Whether bf16 experts run on vdpbf16ps (prefill tiles, kernels/experts_bf16.py; decode row dots,
+    kernels/_simd_bf16.py): AVX512-BF16 with AVX-512 (the host's features unless given)."""
     features = host()[1] if features is None else features
     return {"avx512bf16", "avx512f"} <= set(features)
 
@@ -88,9 +88,9 @@ def vector_width(features) -> str:
 
 def describe() -> str:
     """One line: the target, its vector width, the int8 dots' instructions (quantized weights,
-    --cpu-dots int8), how bf16 experts' prefill multiplies (vdpbf16ps tiles where the CPU has
-    AVX512-BF16, else widened to fp32 for BLAS), and the dot-product instructions the CPU has that
-    the kernels do not use yet."""
+    --cpu-dots int8), how bf16 experts multiply at prefill and decode (vdpbf16ps tiles and row dots
+    where the CPU has AVX512-BF16, else widened to fp32: BLAS, fp32 FMAs), and the dot-product
+    instructions the CPU has that the kernels do not use yet."""
     name, features = host()
     path = int8_dot_path(features)
     used = {"avx512vnni", "avxvnni"} if path == "vnni" else set()
@@ -100,8 +100,9 @@ def describe() -> str:
     present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
     prefill = "int8 tile GEMM on AMX-INT8 tiles (tdpbusd; mxfp4 on VNNI tiles)" if amx else TILE_PATHS[int8_tile_path(features)]
-    bf16 = "vdpbf16ps tiles (AVX512-BF16)" if bf16_dots(features) else "widened to fp32 for BLAS"
+    bf16 = ("prefill by vdpbf16ps tiles, decode by vdpbf16ps row dots (AVX512-BF16)" if bf16_dots(features)
+            else "prefill widened to fp32 for BLAS, decode by fp32 FMAs")
     ahead = "asked for ahead" if weight_prefetch(name) else "left to the hardware prefetchers (AMD Zen)"
     return (f"numba target {name}, {vector_width(features)}, fp32 FMA, int8 dots by {INT8_PATHS[path]}, "
-            f"quantized prefill by {prefill}, bf16 experts' prefill by {bf16}, decode weight rows "
+            f"quantized prefill by {prefill}, bf16 experts' {bf16}, decode weight rows "
             f"{ahead}{unused}")

@@ -181,6 +181,23 @@ def btile_bf16(w, xt, r0, t0, out):
     out[r0:r0 + 4, t0:t0 + 2] = np.einsum("rk,tlk->rtl", rows, to_f32(tiles))
 
 
+def bdot_rows2(w, xw, r0, r1):
+    """(w[r0] . x, w[r1] . x) for bf16-pair rows w u32[M,K/2] and one token's bf16 values two a word,
+    xw u32[K/2]: fp32 sums of the exact bf16 products (kernels/_simd_bf16.py: vdpbf16ps where the
+    target has AVX512-BF16, denormals flushed; fp32 FMAs elsewhere)."""
+    return tuple(_bf16_dot(w[r], xw) for r in (r0, r1))
+
+
+def bdot_rows4(w, xw, r0, r1, r2, r3):
+    """bdot_rows2 for four rows."""
+    return tuple(_bf16_dot(w[r], xw) for r in (r0, r1, r2, r3))
+
+
+def _bf16_dot(row, xw):
+    from freetoken.kernels._bf16 import to_f32
+    return np.float32(to_f32(row.view(np.uint16)).astype(np.float64) @ to_f32(xw.view(np.uint16)))
+
+
 def register(numba):
     """Compile-time overloads of the dots above (kernels/_simd_ir.py, _simd_int8.py; called once,
     when numba is loaded: importing those modules registers them)."""

@@ -3,12 +3,16 @@ bf16 values a uint32) at few tokens an expert: experts.cpu's GEMV path (experts.
 decode layer's one call (kernels/decode_layer.py) both run ``_pairs_gemv``. The spec is
 experts.ref (with bf16=True: x and the silu's output rounded to bf16 first).
 
+Rounded to bf16 (the default, --cpu-dots int8), the inputs go in as bf16 words too and each row dot
+is _simd.bdot_rows2/4 (vdpbf16ps on AVX512-BF16); unrounded (--cpu-dots f32), as fp32 halves.
+
 Shape legend: T tokens, H hidden, I expert width, S slots, P routed pairs; rows u32[.., K/2].
 """
 import numpy as np
 
 from freetoken.kernels._activations import silu_mul
-from freetoken.kernels._numba import HOT, SERIAL, dots, from_bits, narrow, njit, prange
+from freetoken.kernels._numba import HOT, SERIAL, dots, narrow, njit, prange
+from freetoken.kernels._simd import bdot_rows2, bdot_rows4, prefetch_ahead
 from freetoken.kernels.experts_quant import ROWS, _combine
 from freetoken.kernels.linear import dot_rows2, rows_block4, split_pairs
 
@@ -59,13 +63,52 @@ def _down_pairs(act, down, uniq, offs, iota, y):
 
 
 @njit(**SERIAL)
-def _rounded_bf16(a):
-    """experts_bf16.rounded_bf16 in numba (the same bits: narrow's round to nearest even)."""
-    flat, like = a.ravel(), np.empty(0, np.uint16)
-    out = np.empty_like(flat)
-    for i in range(flat.shape[0]):
-        out[i] = from_bits(np.uint32(narrow(flat[i], like)) << np.uint32(16))
-    return out.reshape(a.shape)
+def _bf16_words(a):
+    """a f32[T,K] rounded to bf16 (narrow's round to nearest even) -> u32[T,K/2], two values a
+    word, the even one in the low half: the activation layout of bdot_rows2/4."""
+    like = np.empty(0, np.uint16)
+    words = np.empty((a.shape[0], a.shape[1] // 2), np.uint32)
+    for t in range(a.shape[0]):
+        for k in range(words.shape[1]):
+            low, high = np.uint32(narrow(a[t, 2 * k], like)), np.uint32(narrow(a[t, 2 * k + 1], like))
+            words[t, k] = low | (high << np.uint32(16))
+    return words
+
+
+@njit(**HOT)
+def _gate_up_words(xw, gate_up, uniq, offs, ptok, act):
+    """_gate_up_pairs on bf16 words (xw u32[T,H/2], act f32[P,I]): each token of an expert reads
+    gate row i and up row i together (two streams I rows apart; again from cache for the next)."""
+    I = gate_up.shape[1] // 2
+    nib = (I + ROWS - 1) // ROWS
+    for item in prange(uniq.shape[0] * nib):
+        u, i0 = item // nib, (item % nib) * ROWS
+        w = gate_up[uniq[u]]
+        for i in range(i0, min(i0 + ROWS, I)):
+            prefetch_ahead(w, i)
+            prefetch_ahead(w, I + i)
+            for p in range(offs[u], offs[u + 1]):
+                g, v = bdot_rows2(w, xw[ptok[p]], i, I + i)
+                act[p, i] = silu_mul(g, v)
+
+
+@njit(**HOT)
+def _down_words(aw, down, uniq, offs, y):
+    """_down_pairs on bf16 words (aw u32[P,I/2], y f32[H,P]): a block's rows as four streams a
+    quarter block apart (a short last block's last row read again in place of rows past it)."""
+    H = y.shape[0]
+    nhb = (H + ROWS - 1) // ROWS
+    for item in prange(uniq.shape[0] * nhb):
+        u, h0 = item // nhb, (item % nhb) * ROWS
+        last = min(h0 + ROWS, H) - 1
+        q = (last - h0 + 4) // 4
+        w = down[uniq[u]]
+        for h in range(h0, h0 + q):
+            r1, r2, r3 = min(h + q, last), min(h + 2 * q, last), min(h + 3 * q, last)
+            for r in (h, r1, r2, r3):
+                prefetch_ahead(w, r)
+            for p in range(offs[u], offs[u + 1]):
+                y[h, p], y[r1, p], y[r2, p], y[r3, p] = bdot_rows4(w, aw[p], h, r1, r2, r3)
 
 
 @njit(**SERIAL)
@@ -73,12 +116,17 @@ def _pairs_gemv(x, gu, dn, rnd, uniq, offs, ptok, pw, out):
     """_gemv on bf16-pair rows (gu u32[S,2I,H/2], dn u32[S,H,I/2]) in one numba call, x and the
     silu's output rounded to bf16 first when rnd."""
     P = ptok.shape[0]
-    xs = split_pairs(_rounded_bf16(x) if rnd else x)
+    if rnd:
+        act = np.empty((P, 2 * dn.shape[2]), np.float32)        # [P,I]
+        y = np.empty((out.shape[1], P), np.float32)             # [H,P]
+        _gate_up_words(_bf16_words(x), gu, uniq, offs, ptok, act)
+        _down_words(_bf16_words(act), dn, uniq, offs, y)
+        _combine(y, ptok, pw, out)
+        return out
+    xs = split_pairs(x)
     act = np.empty((P, 2, dn.shape[2]), np.float32)             # [P,2,I/2]
     y = np.empty((out.shape[1], P), np.float32)                 # [H,P]
     _gate_up_pairs(xs, gu, uniq, offs, ptok, act)
-    if rnd:
-        act = _rounded_bf16(act)
     _down_pairs(act, dn, uniq, offs, np.arange(P).astype(np.int32), y)
     _combine(y, ptok, pw, out)
     return out

@@ -41,10 +41,11 @@ def test_the_spec_rounds_x_and_the_activation_to_bf16():
 
 
 @pytest.mark.parametrize("path", ["gemv", "tiles_or_blas", "blas"])
-@pytest.mark.parametrize("T,H,I", [(7, 96, 40), (37, 128, 64), (70, 64, 96)])
+@pytest.mark.parametrize("T,H,I", [(7, 96, 40), (37, 128, 64), (70, 64, 96), (5, 80, 48)])
 def test_every_path_matches_the_spec(T, H, I, path, monkeypatch):
     """gemv: few tokens an expert; tiles_or_blas: many (the tiles where the CPU has them); blas:
-    many, with the tiles unavailable (a CPU without AVX512-BF16)."""
+    many, with the tiles unavailable (a CPU without AVX512-BF16). H 96 and I 40 leave words after
+    the decode dots' last full vector step; H 80 a partial block of down rows."""
     monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 1 << 30 if path == "gemv" else 0)
     if path == "blas":
         monkeypatch.setattr(_isa, "bf16_dots", lambda features=None: False)
@@ -123,13 +124,36 @@ def test_the_compiled_tile_product_is_its_python_spec():
     assert not got[:4].any() and not got[:, :2].any()           # only rows 4..7, tiles 2..3
 
 
+@pytest.mark.parametrize("K", [64, 96, 34])
+def test_the_compiled_decode_row_dots_are_their_python_spec(K):
+    """_simd.bdot_rows2/4 compiled (vdpbf16ps on AVX512-BF16, fp32 FMAs elsewhere) against their
+    Python bodies: 32 and 48 words (whole vector steps of 2 rows and of 4, and words after them),
+    17 (words after the steps only)."""
+    from freetoken.kernels._numba import njit
+
+    @njit(cache=False)
+    def both(w, xw, rows):
+        return (_simd.bdot_rows2(w, xw, rows[0], rows[1]),
+                _simd.bdot_rows4(w, xw, rows[2], rows[3], rows[4], rows[5]))
+
+    rng = np.random.default_rng(K)
+    w = from_f32(rng.standard_normal((9, K)).astype(np.float32)).view(np.uint32)
+    xw = from_f32(rng.standard_normal(K).astype(np.float32)).view(np.uint32)
+    rows = np.array([7, 2, 8, 0, 3, 3], np.int64)
+    got = both(w, xw, rows)
+    want = (_simd.bdot_rows2(w, xw, 7, 2), _simd.bdot_rows4(w, xw, 8, 0, 3, 3))
+    assert_close("bdot_rows", np.array(want[0] + want[1]), np.array(got[0] + got[1]), atol=1e-5, rtol=1e-5)
+
+
 def test_the_numba_rounding_gives_the_specs_bits():
-    """experts_pairs._rounded_bf16 (inside the decode GEMV's numba call) against rounded_bf16, bit
-    for bit: ties to even both ways, NaN, infinities, signed zero, subnormals, a bf16 max overflow."""
-    from freetoken.kernels.experts_pairs import _rounded_bf16
+    """experts_pairs._bf16_words (inside the decode GEMV's numba call) against rounded_bf16, bit
+    for bit: ties to even both ways, NaN, infinities, signed zero, subnormals, a bf16 max overflow;
+    the even value of each pair in the word's low half."""
+    from freetoken.kernels._bf16 import to_f32
+    from freetoken.kernels.experts_pairs import _bf16_words
     edges = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x3F807FFF, 0x7FC00001, 0xFF800000, 0x7F800000,
                       0x80000000, 0x00000001, 0x00408000, 0x7F7FFFFF], np.uint32).view(np.float32)
-    a = np.concatenate([edges, np.random.default_rng(3).standard_normal(4096).astype(np.float32) * 1e3]).reshape(3, -1)
-    got, want = _rounded_bf16(a), experts_bf16.rounded_bf16(a)
+    a = np.concatenate([edges, np.random.default_rng(3).standard_normal(4093).astype(np.float32) * 1e3]).reshape(3, -1)
+    got, want = to_f32(_bf16_words(a).view(np.uint16)), experts_bf16.rounded_bf16(a)
     assert got.shape == want.shape
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

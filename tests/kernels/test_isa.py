@@ -1,7 +1,8 @@
 """kernels/_isa.py: the kernels choose their instructions from numba's target, not the host's
 CPUID, so a cache built for another target (NUMBA_CPU_NAME=generic: a portable cache, no AVX)
 compiles and runs instead of aborting in LLVM (inline vdpbf16ps asm; fp16 widened by a library
-call numba's JIT does not link; decode attention's vector IR lowered without AVX)."""
+call numba's JIT does not link; decode attention's vector IR lowered without AVX; bf16 decode
+row dots without vdpbf16ps)."""
 import os
 import subprocess
 import sys
@@ -27,6 +28,13 @@ for name, K in (("q8_0", 320), ("q4_k", 512), ("q6_k", 512), ("mxfp4", 512)):   
     want = qformats.dequantize_ref(row) @ qact.rounded_ref(x)[0]
     scale = np.abs(qformats.dequantize_ref(row)) @ np.abs(qact.rounded_ref(x)[0])
     assert abs(got - want) <= 1e-5 * scale, (name, got, want)
+from freetoken.kernels import experts                    # bf16 decode rows widened to fp32 (no vdpbf16ps)
+from freetoken.kernels._bf16 import from_f32
+gate_up = from_f32(rng.standard_normal((4, 80, 96)).astype(np.float32) / 10)
+down = from_f32(rng.standard_normal((4, 96, 40)).astype(np.float32) / 7)
+x, ids, w = rng.standard_normal((1, 96)).astype(np.float32), np.array([[0, 3]], np.int32), np.ones((1, 2), np.float32)
+np.testing.assert_allclose(experts.cpu(x, ids, w, gate_up, down, bf16=True),
+                           experts.ref(x, ids, w, gate_up, down, bf16=True), atol=1e-4, rtol=1e-4)
 from freetoken.kernels import attention                  # decode's scores and V rows as vector IR
 from freetoken.kernels._bf16 import from_f32
 k, v = (from_f32(rng.standard_normal((300, 2, 64)).astype(np.float32)) for _ in range(2))

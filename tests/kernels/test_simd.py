@@ -196,7 +196,7 @@ def test_head_scores_matches_its_spec(rep, D, dtype):
 
 
 DECODE_GEMVS = ("linear_quant._gemv", "experts_quant._decode", "linear._gemv_pairs", "experts_pairs._gate_up_pairs",
-                "experts_pairs._down_pairs")
+                "experts_pairs._down_pairs", "experts_pairs._gate_up_words", "experts_pairs._down_words")
 
 
 def test_the_decode_gemvs_ask_for_the_rows_ahead(tmp_path):
