@@ -77,8 +77,9 @@ def _bf16_words(a):
 
 @njit(**HOT)
 def _gate_up_words(xw, gate_up, uniq, offs, ptok, act):
-    """_gate_up_pairs on bf16 words (xw u32[T,H/2], act f32[P,I]): each token of an expert reads
-    gate row i and up row i together (two streams I rows apart; again from cache for the next)."""
+    """_gate_up_pairs on bf16 words (xw u32[T,H/2], act f32[P,I]): gate row i and up row i read
+    together (two streams I rows apart), by each of the expert's tokens in turn (from L1 after
+    the first)."""
     I = gate_up.shape[1] // 2
     nib = (I + ROWS - 1) // ROWS
     for item in prange(uniq.shape[0] * nib):
