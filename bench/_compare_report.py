@@ -1,5 +1,8 @@
-"""The table of bench/compare_llamacpp.py: medians and ranges of the per-process measurements, and
-the FreeToken / llama.cpp ratio of each row (which way is better depends on the row)."""
+"""The table of bench/compare_llamacpp.py: medians and ranges of the per-process measurements, the
+FreeToken / llama.cpp ratio of each row (which way is better depends on the row), and the ratios
+round by round. A round runs the two engines back to back, so its ratio shares the box's state:
+the shared VMs switch between fast and slow phases (~20% apart) from minute to minute, which
+moves a ratio of medians taken across rounds, not a round's own ratio."""
 from __future__ import annotations
 
 import statistics
@@ -42,8 +45,15 @@ def summarize(samples: dict) -> list[dict]:
             ft, lc = stats["freetoken"], stats["llama.cpp"]
             ratio = ft["median"] / lc["median"] if ft and lc and lc["median"] else None
             rows.append({"measure": key, "metric": metric, "label": label, "better": better,
-                         **stats, "ratio": ratio})
+                         **stats, "ratio": ratio, "round_ratios": _round_ratios(by_engine, metric)})
     return rows
+
+
+def _round_ratios(by_engine: dict, metric: str) -> dict | None:
+    """median_range of FreeToken / llama.cpp within each round that measured both (round i is
+    entry i of each engine's list)."""
+    pairs = zip(by_engine.get("freetoken", []), by_engine.get("llama.cpp", []))
+    return median_range([a[metric] / b[metric] for a, b in pairs if a.get(metric) is not None and b.get(metric)])
 
 
 def _cell(s: dict | None) -> str:
@@ -54,16 +64,23 @@ def _cell(s: dict | None) -> str:
     return mid if lo == hi else f"{mid} [{lo}-{hi}]"
 
 
+def _ratio_cell(s: dict | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s['median']:.2f}" if s["n"] == 1 else f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"
+
+
 def table(rows: list[dict], threads: int, rounds: int, fmt: str = "bf16") -> str:
     """Markdown table; the header says the GGUF format llama.cpp read and which side of 1 is
     FreeToken's win."""
     head = (f"| measure ({threads} threads, batch 1, greedy; median [range] of {rounds} round(s)) | "
             f"FreeToken | llama.cpp {fmt} | FreeToken / llama.cpp (tok/s: >= 1 FreeToken better; "
-            "RSS, start-up: <= 1 FreeToken better) |\n|---|---|---|---|")
+            "RSS, start-up: <= 1 FreeToken better) | the ratio round by round |\n|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        lines.append(f"| {r['label']} | {_cell(r['freetoken'])} | {_cell(r['llama.cpp'])} | {ratio} |")
+        by_round = _ratio_cell(r.get("round_ratios"))
+        lines.append(f"| {r['label']} | {_cell(r['freetoken'])} | {_cell(r['llama.cpp'])} | {ratio} | {by_round} |")
     return "\n".join(lines)
 
 

@@ -36,6 +36,8 @@ a prefix-cache hit; llama.cpp runs llama-bench (-r 1, its own random tokens) and
       one core busy (`while True: pass`), started just before the run and killed after it.
 
 Ratios are FreeToken / llama.cpp: >= 1 is FreeToken better for tok/s, <= 1 for RSS and start-up.
+The last column takes the ratio within each round (the two engines back to back) and gives their
+median and range: on a box whose speed drifts between rounds it is the steadier figure.
 Before the rounds both engines continue one prompt greedily for --check-tokens tokens; the report
 says whether the prompt ids and how many leading generated ids agree (llama.cpp's ids come from
 its session file, --prompt-cache).

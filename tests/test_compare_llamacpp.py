@@ -109,8 +109,11 @@ def test_table_and_ratios(cmp):
     assert rows["prefill tok/s, 512-token prompt"]["ratio"] is None
     assert rows["peak RSS of that run, GB"]["ratio"] == pytest.approx(2.0)
     text = cmp.report.table(list(rows.values()), 2, 3)
-    assert "| decode tok/s, 64 tokens of context | 93.0 [90.0-96.0] | 102.0 [100.0-104.0] | 0.91 |" in text
-    assert "| peak RSS of that run, GB | 5.00 | 2.50 | 2.00 |" in text and ">= 1 FreeToken better" in text
+    assert decode["round_ratios"]["median"] == pytest.approx(93 / 102) and decode["round_ratios"]["n"] == 3
+    assert decode["round_ratios"]["min"] == pytest.approx(0.9) and decode["round_ratios"]["max"] == pytest.approx(96 / 104)
+    assert rows["prefill tok/s, 512-token prompt"]["round_ratios"] is None      # llama.cpp measured nothing
+    assert "| decode tok/s, 64 tokens of context | 93.0 [90.0-96.0] | 102.0 [100.0-104.0] | 0.91 | 0.91 [0.90-0.92] |" in text
+    assert "| peak RSS of that run, GB | 5.00 | 2.50 | 2.00 | 2.00 |" in text and ">= 1 FreeToken better" in text
     check = {"tokens": 16, "identical_prefix": 16, "prompt_ids_equal": True, "prompt_ids": [1] * 32}
     assert cmp.report.check_line(check).startswith("greedy check: same tokens; the first 16 of 16")
 
