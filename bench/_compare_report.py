@@ -67,7 +67,8 @@ def _cell(s: dict | None) -> str:
 def _ratio_cell(s: dict | None) -> str:
     if s is None:
         return "-"
-    return f"{s['median']:.2f}" if s["n"] == 1 else f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"
+    lo, mid, hi = (f"{s[k]:.2f}" for k in ("min", "median", "max"))
+    return mid if lo == hi else f"{mid} [{lo}-{hi}]"
 
 
 def table(rows: list[dict], threads: int, rounds: int, fmt: str = "bf16") -> str:

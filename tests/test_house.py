@@ -89,10 +89,11 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # -> 16,735: Q8_0's eight-block dot on its own, quants offset to unsigned on VNNI and the 8 fp16
 # scales by one shuffle (_simd_int8._q8_0_eight, _fp16_eight; ~10 lines: quant_dots q8_0 in cache
 # median 49.5 against 43.6 G weights/s in 7 interleaved pairs, EPYC Zen 4 VM)
-# -> 16,865: bf16 experts' decode rows dotted by vdpbf16ps against bf16 words of x (_simd_bf16's
-# row dots with their fp32 fallback, experts_pairs' word kernels; ~130 lines: bf16 medium decode
-# step 0.93-0.95x the time, 4 of 4 interleaved pairs, EPYC Zen 4 VM)
-MAX_PACKAGE_LINES = 16_865
+# -> 16,885: bf16 experts' decode rows dotted by vdpbf16ps against bf16 words of x (_simd_bf16's
+# row dots with their fp32 fallback, experts_pairs' word kernels, the widened path kept for CPUs
+# without AVX512-BF16; ~150 lines: bf16 medium decode step 0.93-0.97x the time, 4 of 4
+# interleaved pairs, EPYC Zen 4 VM)
+MAX_PACKAGE_LINES = 16_885
 
 
 def _module_name(path: Path) -> str:

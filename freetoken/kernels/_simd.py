@@ -193,6 +193,13 @@ def bdot_rows4(w, xw, r0, r1, r2, r3):
     return tuple(_bf16_dot(w[r], xw) for r in (r0, r1, r2, r3))
 
 
+def bf16_dots_here():
+    """Whether bdot_rows2/4 run on vdpbf16ps here, so a kernel keeps its fp32 path on a CPU without
+    it (kernels/experts_pairs.py). Compiled: a constant of numba's target (_isa.bf16_dots); in
+    Python, False (both paths compute the same spec)."""
+    return False
+
+
 def _bf16_dot(row, xw):
     from freetoken.kernels._bf16 import to_f32
     return np.float32(to_f32(row.view(np.uint16)).astype(np.float64) @ to_f32(xw.view(np.uint16)))

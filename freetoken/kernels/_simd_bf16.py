@@ -1,7 +1,8 @@
-"""The LLVM IR of kernels/_simd.py's bf16 tile product (``btile_bf16``) and its numba overload: four
-bf16 weight rows against two tiles of 16 tokens with AVX512-BF16's ``vdpbf16ps``. Imported only by
-_simd.register, once numba is loaded; compiled into a kernel only on a CPU that has the
-instruction (kernels/_isa.py ``bf16_dots``: the callers check it first).
+"""The LLVM IR of kernels/_simd.py's bf16 products on AVX512-BF16's ``vdpbf16ps`` and their numba
+overloads: the tile product (``btile_bf16``: four bf16 weight rows against two tiles of 16 tokens)
+and the decode row dots (``bdot_rows2``/``bdot_rows4``, below). Imported only by _simd.register,
+once numba is loaded. The tile product compiles only on a CPU that has the instruction
+(kernels/_isa.py ``bf16_dots``: its callers check it first); the row dots check it themselves.
 
 vdpbf16ps acc, w, x adds, per fp32 lane i, w[2i]*x[2i] + w[2i+1]*x[2i+1]: bf16 inputs, products
 exact in fp32, denormal inputs and results flushed to zero. A tile holds 16 tokens' bf16
@@ -93,7 +94,7 @@ def _plain(w, xt, r0, t0, out):
 
 
 def _lanes_summed(builder, v):
-    """The sum of a <16 x float>'s lanes, halves added (4 shuffles)."""
+    """The sum of a <16 x float>'s lanes: four halvings, each two shuffles and an add."""
     n = LANES
     while n > 1:
         n //= 2
@@ -134,17 +135,18 @@ def _row_dots_typed(w, xw, rows, steps):
     return (types.UniTuple(types.float32, len(rows))(w, xw, *rows), _row_dots(len(rows), steps)) if ok else None
 
 
+_STEPS2, _STEPS4 = 2, 1                          # accumulators a row: 4 add chains a call either way
+_STEP2, _STEP4 = _STEPS2 * LANES, _STEPS4 * LANES  # words a loop step
+
+
 @intrinsic
 def _dots2(typingctx, w, xw, r0, r1):
-    return _row_dots_typed(w, xw, (r0, r1), 2)
+    return _row_dots_typed(w, xw, (r0, r1), _STEPS2)
 
 
 @intrinsic
 def _dots4(typingctx, w, xw, r0, r1, r2, r3):
-    return _row_dots_typed(w, xw, (r0, r1, r2, r3), 1)
-
-
-_STEP2, _STEP4 = 2 * LANES, LANES       # words a loop step: 4 add chains a call either way
+    return _row_dots_typed(w, xw, (r0, r1, r2, r3), _STEPS4)
 
 
 @numba.njit(inline="always", fastmath=True)
@@ -157,7 +159,7 @@ def _halves(word):
 def _widened2(w, xw, r0, r1, k0):
     """Words k0 .. K/2 of rows r0, r1 against xw, both widened to fp32 (the products exact)."""
     a0 = b0 = a1 = b1 = np.float32(0.0)
-    for k in range(k0, xw.shape[0]):
+    for k in range(k0, w.shape[1]):
         e, o = _halves(xw[k])
         p0, p1 = _halves(w[r0, k])
         q0, q1 = _halves(w[r1, k])
@@ -169,7 +171,7 @@ def _widened2(w, xw, r0, r1, k0):
 def _widened4(w, xw, r0, r1, r2, r3, k0):
     """_widened2 for four rows."""
     a0 = b0 = a1 = b1 = a2 = b2 = a3 = b3 = np.float32(0.0)
-    for k in range(k0, xw.shape[0]):
+    for k in range(k0, w.shape[1]):
         e, o = _halves(xw[k])
         p0, p1 = _halves(w[r0, k])
         q0, q1 = _halves(w[r1, k])
@@ -180,25 +182,37 @@ def _widened4(w, xw, r0, r1, r2, r3, k0):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
 
+@overload(_simd.bf16_dots_here, inline="always")
+def _plain_here():
+    here = bf16_dots()
+    return lambda: here
+
+
+def _vector_rows(w, xw) -> bool:
+    """Whether the row dots compile to vdpbf16ps: the target has it and both arrays are C-contiguous
+    (else every word is widened)."""
+    return bf16_dots() and _contiguous(w, xw)
+
+
 @overload(_simd.bdot_rows2, inline="always")
 def _plain_rows2(w, xw, r0, r1):
-    if not bf16_dots():
+    if not _vector_rows(w, xw):
         return lambda w, xw, r0, r1: _widened2(w, xw, r0, r1, 0)
 
     def rows2(w, xw, r0, r1):
         a, b = _dots2(w, xw, np.int64(r0), np.int64(r1))
-        ta, tb = _widened2(w, xw, r0, r1, xw.shape[0] // _STEP2 * _STEP2)
+        ta, tb = _widened2(w, xw, r0, r1, w.shape[1] // _STEP2 * _STEP2)
         return a + ta, b + tb
     return rows2
 
 
 @overload(_simd.bdot_rows4, inline="always")
 def _plain_rows4(w, xw, r0, r1, r2, r3):
-    if not bf16_dots():
+    if not _vector_rows(w, xw):
         return lambda w, xw, r0, r1, r2, r3: _widened4(w, xw, r0, r1, r2, r3, 0)
 
     def rows4(w, xw, r0, r1, r2, r3):
         a, b, c, d = _dots4(w, xw, np.int64(r0), np.int64(r1), np.int64(r2), np.int64(r3))
-        ta, tb, tc, td = _widened4(w, xw, r0, r1, r2, r3, xw.shape[0] // _STEP4 * _STEP4)
+        ta, tb, tc, td = _widened4(w, xw, r0, r1, r2, r3, w.shape[1] // _STEP4 * _STEP4)
         return a + ta, b + tb, c + tc, d + td
     return rows4

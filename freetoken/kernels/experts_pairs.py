@@ -3,16 +3,17 @@ bf16 values a uint32) at few tokens an expert: experts.cpu's GEMV path (experts.
 decode layer's one call (kernels/decode_layer.py) both run ``_pairs_gemv``. The spec is
 experts.ref (with bf16=True: x and the silu's output rounded to bf16 first).
 
-Rounded to bf16 (the default, --cpu-dots int8), the inputs go in as bf16 words too and each row dot
-is _simd.bdot_rows2/4 (vdpbf16ps on AVX512-BF16); unrounded (--cpu-dots f32), as fp32 halves.
+Rounded to bf16 (the default, --cpu-dots int8) on a CPU with AVX512-BF16, the inputs go in as bf16
+words too and each row dot is _simd.bdot_rows2/4 (vdpbf16ps); elsewhere, and unrounded (--cpu-dots
+f32), as fp32 halves (_gate_up_pairs, _down_pairs: rows widened once for four tokens).
 
 Shape legend: T tokens, H hidden, I expert width, S slots, P routed pairs; rows u32[.., K/2].
 """
 import numpy as np
 
 from freetoken.kernels._activations import silu_mul
-from freetoken.kernels._numba import HOT, SERIAL, dots, narrow, njit, prange
-from freetoken.kernels._simd import bdot_rows2, bdot_rows4, prefetch_ahead
+from freetoken.kernels._numba import HOT, SERIAL, dots, from_bits, narrow, njit, prange
+from freetoken.kernels._simd import bdot_rows2, bdot_rows4, bf16_dots_here, prefetch_ahead
 from freetoken.kernels.experts_quant import ROWS, _combine
 from freetoken.kernels.linear import dot_rows2, rows_block4, split_pairs
 
@@ -60,6 +61,16 @@ def _down_pairs(act, down, uniq, offs, iota, y):
                 dots(pairs, iota[:n4], w[h], y[h, offs[u]:])
         for j in range(n4, n):
             rows_block4(pairs[j], w, h0, h1, y[:, offs[u] + j])
+
+
+@njit(**SERIAL)
+def _rounded_bf16(a):
+    """experts_bf16.rounded_bf16 in numba (the same bits: narrow's round to nearest even)."""
+    flat, like = a.ravel(), np.empty(0, np.uint16)
+    out = np.empty_like(flat)
+    for i in range(flat.shape[0]):
+        out[i] = from_bits(np.uint32(narrow(flat[i], like)) << np.uint32(16))
+    return out.reshape(a.shape)
 
 
 @njit(**SERIAL)
@@ -117,17 +128,19 @@ def _pairs_gemv(x, gu, dn, rnd, uniq, offs, ptok, pw, out):
     """_gemv on bf16-pair rows (gu u32[S,2I,H/2], dn u32[S,H,I/2]) in one numba call, x and the
     silu's output rounded to bf16 first when rnd."""
     P = ptok.shape[0]
-    if rnd:
+    if rnd and bf16_dots_here():
         act = np.empty((P, 2 * dn.shape[2]), np.float32)        # [P,I]
         y = np.empty((out.shape[1], P), np.float32)             # [H,P]
         _gate_up_words(_bf16_words(x), gu, uniq, offs, ptok, act)
         _down_words(_bf16_words(act), dn, uniq, offs, y)
         _combine(y, ptok, pw, out)
         return out
-    xs = split_pairs(x)
+    xs = split_pairs(_rounded_bf16(x) if rnd else x)
     act = np.empty((P, 2, dn.shape[2]), np.float32)             # [P,2,I/2]
     y = np.empty((out.shape[1], P), np.float32)                 # [H,P]
     _gate_up_pairs(xs, gu, uniq, offs, ptok, act)
+    if rnd:
+        act = _rounded_bf16(act)
     _down_pairs(act, dn, uniq, offs, np.arange(P).astype(np.int32), y)
     _combine(y, ptok, pw, out)
     return out

@@ -41,11 +41,12 @@ def test_the_spec_rounds_x_and_the_activation_to_bf16():
 
 
 @pytest.mark.parametrize("path", ["gemv", "tiles_or_blas", "blas"])
-@pytest.mark.parametrize("T,H,I", [(7, 96, 40), (37, 128, 64), (70, 64, 96), (5, 80, 48)])
+@pytest.mark.parametrize("T,H,I", [(7, 96, 40), (37, 128, 64), (70, 64, 96), (5, 70, 48), (3, 66, 40)])
 def test_every_path_matches_the_spec(T, H, I, path, monkeypatch):
     """gemv: few tokens an expert; tiles_or_blas: many (the tiles where the CPU has them); blas:
     many, with the tiles unavailable (a CPU without AVX512-BF16). H 96 and I 40 leave words after
-    the decode dots' last full vector step; H 80 a partial block of down rows."""
+    the decode dots' last full vector step; H 70 and 66 end in a short block of down rows (6 and 2
+    rows: the four streams' rows past the block read the last row again)."""
     monkeypatch.setattr(experts, "BLAS_MIN_PAIRS", 1 << 30 if path == "gemv" else 0)
     if path == "blas":
         monkeypatch.setattr(_isa, "bf16_dots", lambda features=None: False)
@@ -128,7 +129,7 @@ def test_the_compiled_tile_product_is_its_python_spec():
 def test_the_compiled_decode_row_dots_are_their_python_spec(K):
     """_simd.bdot_rows2/4 compiled (vdpbf16ps on AVX512-BF16, fp32 FMAs elsewhere) against their
     Python bodies: 32 and 48 words (whole vector steps of 2 rows and of 4, and words after them),
-    17 (words after the steps only)."""
+    17 (words after the steps only for 2 rows, one after a step for 4)."""
     from freetoken.kernels._numba import njit
 
     @njit(cache=False)
@@ -146,14 +147,15 @@ def test_the_compiled_decode_row_dots_are_their_python_spec(K):
 
 
 def test_the_numba_rounding_gives_the_specs_bits():
-    """experts_pairs._bf16_words (inside the decode GEMV's numba call) against rounded_bf16, bit
-    for bit: ties to even both ways, NaN, infinities, signed zero, subnormals, a bf16 max overflow;
-    the even value of each pair in the word's low half."""
-    from freetoken.kernels._bf16 import to_f32
-    from freetoken.kernels.experts_pairs import _bf16_words
+    """experts_pairs' two numba roundings (inside the decode GEMV's numba call: bf16 words, and fp32
+    values on a CPU without AVX512-BF16) against rounded_bf16, bit for bit: ties to even both ways,
+    NaN, infinities, signed zero, subnormals, a bf16 max overflow; the even value of each pair in
+    the word's low half."""
+    from freetoken.kernels.experts_pairs import _bf16_words, _rounded_bf16
     edges = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x3F807FFF, 0x7FC00001, 0xFF800000, 0x7F800000,
                       0x80000000, 0x00000001, 0x00408000, 0x7F7FFFFF], np.uint32).view(np.float32)
     a = np.concatenate([edges, np.random.default_rng(3).standard_normal(4093).astype(np.float32) * 1e3]).reshape(3, -1)
-    got, want = to_f32(_bf16_words(a).view(np.uint16)), experts_bf16.rounded_bf16(a)
-    assert got.shape == want.shape
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    want = experts_bf16.rounded_bf16(a)
+    for got in (to_f32(_bf16_words(a).view(np.uint16)), _rounded_bf16(a)):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

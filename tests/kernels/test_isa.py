@@ -28,15 +28,20 @@ for name, K in (("q8_0", 320), ("q4_k", 512), ("q6_k", 512), ("mxfp4", 512)):   
     want = qformats.dequantize_ref(row) @ qact.rounded_ref(x)[0]
     scale = np.abs(qformats.dequantize_ref(row)) @ np.abs(qact.rounded_ref(x)[0])
     assert abs(got - want) <= 1e-5 * scale, (name, got, want)
-from freetoken.kernels import experts                    # bf16 decode rows widened to fp32 (no vdpbf16ps)
+from freetoken.kernels import _simd, experts             # bf16 decode rows widened to fp32 (no vdpbf16ps)
 from freetoken.kernels._bf16 import from_f32
+from freetoken.kernels._numba import load_numba
+w, xw = (from_f32(rng.standard_normal(n).astype(np.float32)).view(np.uint32) for n in ((5, 40), 40))
+@load_numba().njit                                       # plain numba: this source is no file
+def rows4(w, xw):
+    return _simd.bdot_rows4(w, xw, 4, 0, 2, 2)
+np.testing.assert_allclose(rows4(w, xw), _simd.bdot_rows4(w, xw, 4, 0, 2, 2), rtol=1e-5, atol=1e-5)
 gate_up = from_f32(rng.standard_normal((4, 80, 96)).astype(np.float32) / 10)
 down = from_f32(rng.standard_normal((4, 96, 40)).astype(np.float32) / 7)
 x, ids, w = rng.standard_normal((1, 96)).astype(np.float32), np.array([[0, 3]], np.int32), np.ones((1, 2), np.float32)
 np.testing.assert_allclose(experts.cpu(x, ids, w, gate_up, down, bf16=True),
                            experts.ref(x, ids, w, gate_up, down, bf16=True), atol=1e-4, rtol=1e-4)
 from freetoken.kernels import attention                  # decode's scores and V rows as vector IR
-from freetoken.kernels._bf16 import from_f32
 k, v = (from_f32(rng.standard_normal((300, 2, 64)).astype(np.float32)) for _ in range(2))
 args = (rng.standard_normal((1, 8, 64)).astype(np.float32), k, v, rng.permutation(300).astype(np.int32)[None],
         np.zeros(1, np.int32), np.array([299], np.int32), 0.125)
