@@ -14,6 +14,7 @@ import numpy as np
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, dots, from_bits, narrow, njit, prange
 from freetoken.kernels._simd import bdot_rows2, bdot_rows4, bf16_dots_here, prefetch_ahead
+from freetoken.kernels.experts_bf16 import _pair
 from freetoken.kernels.experts_quant import ROWS, _combine
 from freetoken.kernels.linear import dot_rows2, rows_block4, split_pairs
 
@@ -75,14 +76,13 @@ def _rounded_bf16(a):
 
 @njit(**SERIAL)
 def _bf16_words(a):
-    """a f32[T,K] rounded to bf16 (narrow's round to nearest even) -> u32[T,K/2], two values a
-    word, the even one in the low half: the activation layout of bdot_rows2/4."""
+    """a f32[T,K] rounded to bf16 -> u32[T,K/2], two values a word (experts_bf16._pair, as the
+    prefill tiles pack them): the activation layout of bdot_rows2/4."""
     like = np.empty(0, np.uint16)
     words = np.empty((a.shape[0], a.shape[1] // 2), np.uint32)
     for t in range(a.shape[0]):
         for k in range(words.shape[1]):
-            low, high = np.uint32(narrow(a[t, 2 * k], like)), np.uint32(narrow(a[t, 2 * k + 1], like))
-            words[t, k] = low | (high << np.uint32(16))
+            words[t, k] = _pair(a[t, 2 * k], a[t, 2 * k + 1], like)
     return words
 
 
