@@ -11,12 +11,13 @@ dot); numba compiles it through an overload instead: the vector IR in kernels/_s
 registered by ``register`` when kernels/_numba.py loads numba.
 
 The ``idot_*`` dots read x rounded to 8 bits per 32 values (kernels/qact.py) and compute each
-32 values' sum as an exact integer (VNNI, or AVX2's pairwise multiply-adds: kernels/_simd_int8.py),
+32 values' sum as an exact integer (VNNI, or AVX2's pairwise multiply-adds: kernels/_simd_int8.py;
+the low-bit and legacy formats' blocks in kernels/_simd_int8_low.py),
 scaled once; their spec: the dot of the dequantized row with the rounded x (q * d).
 
 Shapes: row u8[NB,S] (NB blocks of S bytes), xv f32[NB,V] (V values per block); rounded x: xq
-i8[NB,V], xd and xs f32[NB,V/32] (the scale, and scale * sum of q, of each 32 values; q6_k's
-xs f32[NB,V/16], per 16 values: qact.sums16).
+i8[NB,V], xd and xs f32[NB,V/32] (the scale, and scale * sum of q, of each 32 values; the xs of
+q2_k, q3_k and q6_k, whose scales are per 16 values: f32[NB,V/16], qact.sums16).
 """
 import numpy as np
 
@@ -84,6 +85,39 @@ def idot_q6_k(row, xq, xd, xs):
     """dot_q6_k of the rounded x: per 16 values, d*scale_i * xd * sum((q - 32) * xq). (xs,
     xd times each 16 values' sum of xq (qact.sums16), is how the compiled dot takes off the 32.)"""
     return _spec_idot(row, xq, xd, "Q6_K")
+
+
+def idot_q4_0(row, xq, xd, xs):
+    """dot of a q4_0 row with the rounded x: per block, d * (xd * sum(u * xq) - 8 * xs), u the
+    unsigned nibbles (the value is u - 8; xs = xd * sum(xq), qact's s, takes the 8 off once)."""
+    return _spec_idot(row, xq, xd, "Q4_0")
+
+
+def idot_q4_1(row, xq, xd, xs):
+    """dot of a q4_1 row with the rounded x: per block, d * xd * sum(u * xq) + m * xs."""
+    return _spec_idot(row, xq, xd, "Q4_1")
+
+
+def idot_q5_0(row, xq, xd, xs):
+    """idot_q4_0 for q5_0: u has the fifth bit (16) from the block's 32 high bits; the value is u - 16."""
+    return _spec_idot(row, xq, xd, "Q5_0")
+
+
+def idot_q5_1(row, xq, xd, xs):
+    """idot_q4_1 for q5_1 (u with its fifth bit, as q5_0's)."""
+    return _spec_idot(row, xq, xd, "Q5_1")
+
+
+def idot_q2_k(row, xq, xd, xs):
+    """dot of a q2_k row with the rounded x: per 16 values, d*scale_i * xd * sum(u * xq) -
+    dmin*min_i * xs_i (xs per 16 values, qact.sums16), u the 2-bit quants."""
+    return _spec_idot(row, xq, xd, "Q2_K")
+
+
+def idot_q3_k(row, xq, xd, xs):
+    """dot of a q3_k row with the rounded x: per 16 values, d*scale_i * (xd * sum(u * xq) - 4 *
+    xs_i) (xs per 16 values, qact.sums16), u the 3-bit quants (the value is u - 4)."""
+    return _spec_idot(row, xq, xd, "Q3_K")
 
 
 def idot_mxfp4(row, xq, xd, xs):
@@ -171,6 +205,36 @@ def itile_mxfp4(row, xt, xd, xs, xb, first, out):
     _spec_itile(row, xt, xd, first, out, "MXFP4")
 
 
+def itile_q4_0(row, xt, xd, xs, xb, first, out):
+    """itile_q8_0 for q4_0: per block d * xd * (sum(u * xq) + xb), u the nibbles, xb = -8 * sum(xq)."""
+    _spec_itile(row, xt, xd, first, out, "Q4_0")
+
+
+def itile_q4_1(row, xt, xd, xs, xb, first, out):
+    """itile_q8_0 for q4_1: per block d * xd * sum(u * xq) + m * xs."""
+    _spec_itile(row, xt, xd, first, out, "Q4_1")
+
+
+def itile_q5_0(row, xt, xd, xs, xb, first, out):
+    """itile_q4_0 for q5_0 (u with its fifth bit, xb = -16 * sum(xq))."""
+    _spec_itile(row, xt, xd, first, out, "Q5_0")
+
+
+def itile_q5_1(row, xt, xd, xs, xb, first, out):
+    """itile_q4_1 for q5_1 (u with its fifth bit)."""
+    _spec_itile(row, xt, xd, first, out, "Q5_1")
+
+
+def itile_q2_k(row, xt, xd, xs, xb, first, out):
+    """itile_q8_0 for q2_k: per 16 values d*scale_i * xd * sum(u * xq) - dmin*min_i * xs."""
+    _spec_itile(row, xt, xd, first, out, "Q2_K")
+
+
+def itile_q3_k(row, xt, xd, xs, xb, first, out):
+    """itile_q8_0 for q3_k: per 16 values d*scale_i * xd * (sum(u * xq) + xb), xb = -4 * sum(xq)."""
+    _spec_itile(row, xt, xd, first, out, "Q3_K")
+
+
 def btile_bf16(w, xt, r0, t0, out):
     """out[r0:r0+4, t0:t0+2] (f32[R,NT,16]) = bf16 rows r0 .. r0+3 of w (u32[R,K/2], pairs) against
     tiles t0, t0+1 of xt (u32[NT,K/2,16]: 16 tokens' bf16 values, two a word): fp32 sums of the
@@ -211,6 +275,7 @@ def register(numba):
     import importlib
     importlib.import_module("freetoken.kernels._simd_ir")
     importlib.import_module("freetoken.kernels._simd_int8")
+    importlib.import_module("freetoken.kernels._simd_int8_low")
     importlib.import_module("freetoken.kernels._simd_itile")
     importlib.import_module("freetoken.kernels._simd_attn")
     importlib.import_module("freetoken.kernels._simd_bf16").enable_inline_asm()

@@ -114,18 +114,20 @@ def _q8_0_eight(builder, ptrs, acc, path):
     return _fma(builder, dots, _fp16_eight(builder, block, 34), acc)
 
 
-def _fp16_eight(builder, block, stride):
-    """The fp16 at bytes 0, stride, .., 7 * stride of block (stride even, < 36) as <8 x float>:
-    one shuffle of the 128 words and one vcvtph2ps where the target has F16C (vpermi2w on
-    AVX512BW), else one at a time (_fp16)."""
+def _fp16_eight(builder, block, stride, at=0):
+    """The fp16 at bytes at, at + stride, .., at + 7 * stride of block (stride and at even, at <
+    stride < 36) as <8 x float>: one shuffle of the eight blocks' words (at most 128; never past
+    the eighth block's end) and one vcvtph2ps where the target has F16C (vpermi2w on AVX512BW),
+    else one at a time (_fp16)."""
     if "f16c" not in host()[1]:
         out = ir.Constant(ir.VectorType(F32, 8), None)
         for b in range(8):
-            out = builder.insert_element(out, _fp16(builder, block, stride * b), ir.Constant(I32, b))
+            out = builder.insert_element(out, _fp16(builder, block, at + stride * b), ir.Constant(I32, b))
         return out
-    words = _load(builder, block, 0, ir.VectorType(ir.IntType(16), 128), 1)
-    halves = builder.bitcast(_lanes(builder, words, range(0, 4 * stride, stride // 2)), ir.VectorType(ir.HalfType(), 8))
-    return builder.fpext(halves, ir.VectorType(F32, 8))
+    words = _load(builder, block, 0, ir.VectorType(ir.IntType(16), min(128, 4 * stride)), 1)
+    picks = range(at // 2, at // 2 + 4 * stride, stride // 2)
+    return builder.fpext(builder.bitcast(_lanes(builder, words, picks), ir.VectorType(ir.HalfType(), 8)),
+                         ir.VectorType(F32, 8))
 
 
 def _kvalues(builder, codes, path, offset=0):
@@ -146,13 +148,19 @@ def _kvalues(builder, codes, path, offset=0):
 
 
 def mxfp4_codes(builder, block):
-    """An mxfp4 block's 32 codes <32 x i8> in value order (low nibbles, then high): its 16 bytes
-    read into both 128-bit halves (one broadcast load), the upper half shifted right by 4 (one
-    variable dword shift, vpsrlvd), one mask. Masking and shifting a half each and joining them
+    """An mxfp4 block's 32 codes <32 x i8> in value order: nibbles(block, 1)."""
+    return nibbles(builder, block, 1)
+
+
+def nibbles(builder, block, at):
+    """The 32 nibbles of the 16 bytes at byte `at` of block as <32 x i8>, in value order (low
+    nibbles, then high: mxfp4's, q4_0's and q4_1's, q5_0's and q5_1's low four bits): the 16
+    bytes read into both 128-bit halves (one broadcast load), the upper half shifted right by 4
+    (one variable dword shift, vpsrlvd), one mask. Masking and shifting a half each and joining them
     took two instructions more on the Zen 4 VM (bench/kernels/quant_dots.py --formats mxfp4, old
     and new alternating 3 rounds: in cache 34.8-41.4 against 30.0-37.0 G weights/s, from memory
     43.1-50.5 against 33.0-46.1)."""
-    codes = _bytes(builder, block, 1, 16)
+    codes = _bytes(builder, block, at, 16)
     both = builder.shuffle_vector(codes, codes, ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2))
     shifted = builder.lshr(builder.bitcast(both, I32x8), ir.Constant(I32x8, [0] * 4 + [4] * 4))
     return builder.and_(builder.bitcast(shifted, I8x32), _same(8, 32, 15))
@@ -260,15 +268,25 @@ def _q6_k_slices(builder, block, n):
 def _q6_k(builder, ptrs, acc, path):
     """acc <8 x float> + one q6_k block: per 16 values, d * scale_i * xd * (u . xq), less the
     offset of the quants, 32 * d * scale_i * xs_i (xs: qact.sums16, xd times the sum of those 16
-    xq). Each 16 values' products are summed as integers first: the two levels of _totals8's adds
-    leave slice g's two halves in lanes g and g + 4 of a 128-bit half, so lanes hold the 16-value
-    groups in the order GROUPS16 (then + 8 for the second vector)."""
+    xq); each 16 values' products summed as integers first (k16_sums)."""
     block, xq, xd, xs = ptrs
     a16 = builder.fmul(_float(builder, _bytes(builder, block, 192, 16)), _splat(builder, _fp16(builder, block, 208), 16))
+    slices = [u for n in range(2) for u in _q6_k_slices(builder, block, n)]
+    total, offset = k16_sums(builder, ptrs, slices, a16, a16, path)
+    return builder.fadd(acc, _fma(builder, offset, _splat(builder, ir.Constant(F32, -32.0), 8), total))
+
+
+def k16_sums(builder, ptrs, slices, a16, c16, path):
+    """(total, offset) <8 x float> of a block of sixteen 16-value groups (q2_k, q3_k, q6_k): the
+    unsigned quants in 8 slices of 32 (value order) dotted with xq as exact integers, total =
+    sum over groups i of a16_i * xd * (integer sum of group i), offset = sum of c16_i * xs_i (xs
+    per 16 values, qact.sums16). The two levels of _totals8's adds leave slice g's two halves in
+    lanes g and g + 4 of a 128-bit half, so lanes hold the groups in the order GROUPS16 (then + 8
+    for the second vector)."""
+    _, xq, xd, xs = ptrs
     xd8 = _load(builder, xd, 0, ir.VectorType(F32, 8), 4)
-    offsets = builder.fmul(a16, _load(builder, xs, 0, ir.VectorType(F32, 16), 4))
-    sums = [idot(builder, u, _bytes(builder, xq, 128 * n + 32 * k), ZERO8, path)
-            for n in range(2) for k, u in enumerate(_q6_k_slices(builder, block, n))]
+    offsets = builder.fmul(c16, _load(builder, xs, 0, ir.VectorType(F32, 16), 4))
+    sums = [idot(builder, u, _bytes(builder, xq, 32 * g), ZERO8, path) for g, u in enumerate(slices)]
     pairs = [_hadd(builder, sums[i], sums[i + 1], path) for i in range(0, 8, 2)]
     total, offset = None, None
     for v in range(2):
@@ -278,10 +296,10 @@ def _q6_k(builder, ptrs, acc, path):
         term, off = builder.fmul(_float(builder, ints), scale), _lanes(builder, offsets, groups)
         total = term if total is None else builder.fadd(total, term)
         offset = off if offset is None else builder.fadd(offset, off)
-    return builder.fadd(acc, _fma(builder, offset, _splat(builder, ir.Constant(F32, -32.0), 8), total))
+    return total, offset
 
 
-GROUPS16 = (0, 2, 4, 6, 1, 3, 5, 7)    # the 16-value group in each lane of a q6_k vector of totals
+GROUPS16 = (0, 2, 4, 6, 1, 3, 5, 7)    # the 16-value group in each lane of k16_sums' vectors of totals
 
 
 def _int_row(context, builder, sig, args, shape, block_lanes):

@@ -13,9 +13,9 @@ quantized file an integer GEMM rather than dequantize-then-fp32-BLAS.
 Per group of G values (32; 16 for q6_k) a format's values are a*u - c: u the unsigned quant
 (q8_0 stores it signed: u = q + 128; mxfp4's doubled e2m1 values -12..12 + 12), a and c fp32
 per group. The integer sum starts from the
-tile's xb = -off * sum(xq) (off: 128 for q8_0, 32 for q6_k, 12 for mxfp4) so sum(u*xq) + xb is the exact
-sum((u - off) * xq); then acc += a * xd * sum, and the mins (q4_k, q5_k) acc -= c * xs with xs
-= xd * sum(xq). Same spec and tolerance as the GEMV dots: the dequantized row against the
+tile's xb = -off * sum(xq) (off: 128 for q8_0, 32 for q6_k, 12 for mxfp4, 8 for q4_0, 16 for q5_0, 4
+for q3_k) so sum(u*xq) + xb is the exact sum((u - off) * xq); then acc += a * xd * sum, and the
+mins (q4_k, q5_k, q2_k; q4_1 and q5_1 add theirs: c = -min) acc -= c * xs with xs = xd * sum(xq). Same spec and tolerance as the GEMV dots: the dequantized row against the
 rounded x (q * xd), fp32 math in another order.
 
 Shapes: row u8[NB,S]; xt i8[N,K/4,16,4]; xd f32[N,K/32,16]; xs f32[N,K/G,16]; xb
@@ -30,6 +30,7 @@ from numba.extending import intrinsic, overload
 from freetoken.kernels import _simd
 from freetoken.kernels._isa import int8_tile_path
 from freetoken.kernels._simd_int8 import _kvalues, _q6_k_slices, idot, mxfp4_codes, mxfp4_half_scale
+from freetoken.kernels._simd_int8_low import legacy_quants, q2_k_coefficients, q3_k_quants, q3_k_scales, two_bits
 from freetoken.kernels._simd_ir import (F32, I8, I32, I64, _bytes, _contiguous, _fp16, _function,
                                         _k4_coefficients, _lanes, _same, _splat)
 
@@ -100,13 +101,32 @@ def _groups_mxfp4(builder, block, path):
     return [(builder.add(k, _same(8, 32, MXFP4_OFFSET)), mxfp4_half_scale(builder, block), None)]
 
 
+def _groups_legacy(builder, block, qs_at, qh_at, min_at):
+    """q4_0 / q5_0 (min_at None: the tile's xb takes the 8 or 16 off) and q4_1 / q5_1 (c = -min)."""
+    u, d = legacy_quants(builder, block, qs_at, qh_at), _fp16(builder, block, 0)
+    return [(u, d, None if min_at is None else builder.fsub(ir.Constant(F32, 0.0), _fp16(builder, block, min_at)))]
+
+
+def _groups_k16(builder, slices, a16, c16):
+    """The 16 groups of 16 values of a q2_k / q3_k block: halves of its 8 slices of 32."""
+    pick = lambda v, i: builder.extract_element(v, ir.Constant(I32, i))                # noqa: E731
+    return [(_lanes(builder, u, range(16 * h, 16 * h + 16)), pick(a16, 2 * g + h), None if c16 is None else pick(c16, 2 * g + h))
+            for g, u in enumerate(slices) for h in range(2)]
+
+
 MXFP4_OFFSET = 12
 # format: (block bytes, values per block, group G, offset, groups of a block (builder, block, path))
 FORMATS = {"q8_0": (34, 32, 32, 128, lambda b, blk, path: _groups_q8_0(b, blk)),
            "q4_k": (144, 256, 32, 0, lambda b, blk, path: _groups_k45(b, blk, None, 16)),
            "q5_k": (176, 256, 32, 0, lambda b, blk, path: _groups_k45(b, blk, 16, 48)),
            "q6_k": (210, 256, 16, 32, lambda b, blk, path: _groups_q6_k(b, blk)),
-           "mxfp4": (17, 32, 32, MXFP4_OFFSET, _groups_mxfp4)}
+           "mxfp4": (17, 32, 32, MXFP4_OFFSET, _groups_mxfp4),
+           "q4_0": (18, 32, 32, 8, lambda b, blk, path: _groups_legacy(b, blk, 2, None, None)),
+           "q4_1": (20, 32, 32, 0, lambda b, blk, path: _groups_legacy(b, blk, 4, None, 2)),
+           "q5_0": (22, 32, 32, 16, lambda b, blk, path: _groups_legacy(b, blk, 6, 2, None)),
+           "q5_1": (24, 32, 32, 0, lambda b, blk, path: _groups_legacy(b, blk, 8, 4, 2)),
+           "q2_k": (84, 256, 16, 0, lambda b, blk, path: _groups_k16(b, two_bits(b, blk, 16), *q2_k_coefficients(b, blk))),
+           "q3_k": (110, 256, 16, 4, lambda b, blk, path: _groups_k16(b, q3_k_quants(b, blk), q3_k_scales(b, blk), None))}
 
 
 class _Tile:

@@ -19,7 +19,8 @@ Shape legend: T rows (tokens), K values per row (a multiple of 32), K/32 the gro
 import numpy as np
 
 from freetoken.kernels._numba import SERIAL, from_bits, njit, prange, to_bits
-from freetoken.kernels._simd import idot_mxfp4, idot_q4_k, idot_q5_k, idot_q6_k, idot_q8_0, prefetch_ahead
+from freetoken.kernels._simd import (idot_mxfp4, idot_q2_k, idot_q3_k, idot_q4_0, idot_q4_1, idot_q4_k, idot_q5_0,
+                                     idot_q5_1, idot_q5_k, idot_q6_k, idot_q8_0, prefetch_ahead)
 from freetoken.kernels.qblocks import check_code, dot_row, values_of
 from freetoken.kernels.qformats import format_named, format_of, is_quantized
 
@@ -123,14 +124,21 @@ def rounded(x, parallel=None):
     return dequantize_ref(q, d)
 
 
-Q6_K = format_named("q6_k").code   # its xs are per 16 values (sums16)
+# the formats whose xs are per 16 values (sums16)
+Q2_K, Q3_K, Q6_K = (format_named(name).code for name in ("q2_k", "q3_k", "q6_k"))
+
+
+@njit(inline="always", **EXACT)
+def per16(code):
+    """Whether format ``code``'s scales, so the xs its int8 dot reads, are per 16 values."""
+    return code == Q2_K or code == Q3_K or code == Q6_K
 
 
 @njit(**EXACT)
 def sums16(q, d):
-    """q6_k's xs: f32[T,K/16] = d of the group * the sum of each 16 values of q i8[T,K] (its
-    scales are per 16 values; with these sums its row dot subtracts the quants' offset of 32
-    once per block instead of running a second integer dot per 32 values)."""
+    """The xs of q2_k, q3_k and q6_k: f32[T,K/16] = d of the group * the sum of each 16 values
+    of q i8[T,K] (their scales and mins are per 16 values; with these sums a row dot takes the
+    quants' offset or the mins off once per group instead of running a second integer dot)."""
     T, K = q.shape
     out = np.empty((T, K // 16), np.float32)
     for t in range(T):
@@ -148,7 +156,8 @@ def prepared(x, code, int8):
     inside the kernel (a numba call and three numpy allocations from Python cost more than this
     at decode): (x f32[T,K], xq i8[T,K/V,V], xd f32[T,K/V,V/32], xs f32[T,K/V,V/32], for q6_k
     [T,K/V,V/16]: sums16), x rounded in blocks of V values when int8, else empty arrays (one
-    compiled kernel serves both). Compiled without fastmath, as quantize_ref rounds."""
+    compiled kernel serves both; per16 formats' xs [T,K/V,V/16]). Compiled without fastmath, as
+    quantize_ref rounds."""
     T, K = x.shape
     values = values_of(code)
     nb = K // values
@@ -156,8 +165,8 @@ def prepared(x, code, int8):
         q = np.empty((T, K), np.int8)
         d, s = np.empty((T, K // GROUP), np.float32), np.empty((T, K // GROUP), np.float32)
         _quantize_few(x, q, d, s)
-        per_s = 16 if code == Q6_K else GROUP
-        s = sums16(q, d) if code == Q6_K else s
+        per_s = 16 if per16(code) else GROUP
+        s = sums16(q, d) if per16(code) else s
         return x, q.reshape((T, nb, values)), d.reshape((T, nb, values // GROUP)), s.reshape((T, nb, values // per_s))
     return x, np.empty((0, 0, 0), np.int8), np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0), np.float32)
 
@@ -216,18 +225,36 @@ def idot_blocks(row, code, xq, xd, xs):
         return idot_q5_k(row, xq, xd, xs)
     if code == 11:
         return idot_mxfp4(row, xq, xd, xs)
-    return idot_q6_k(row, xq, xd, xs)
+    if code == 9:
+        return idot_q6_k(row, xq, xd, xs)
+    return _idot_low(row, code, xq, xd, xs)
+
+
+@njit(inline="always", **SERIAL)
+def _idot_low(row, code, xq, xd, xs):
+    """idot_blocks of the low-bit and legacy formats (kernels/_simd_int8_low.py)."""
+    if code == 0:
+        return idot_q4_0(row, xq, xd, xs)
+    if code == 1:
+        return idot_q4_1(row, xq, xd, xs)
+    if code == 2:
+        return idot_q5_0(row, xq, xd, xs)
+    if code == 3:
+        return idot_q5_1(row, xq, xd, xs)
+    if code == 5:
+        return idot_q2_k(row, xq, xd, xs)
+    return idot_q3_k(row, xq, xd, xs)
 
 
 @njit(**SERIAL)
 def idot_row(row, code, xq, xd, xs):
     """qblocks.dot_row of the rounded x (xq i8[K], xd and xs f32[K/32], C-contiguous: quantize's
-    output; q6_k makes its own xs, sums16) for the formats with int8 dots
-    (qformats.QuantFormat.int8_dots: q8_0, q4_k, q5_k, q6_k, mxfp4)."""
+    output; a per16 format makes its own xs, sums16) for the formats with int8 dots
+    (qformats.QuantFormat.int8_dots: every GGUF block format)."""
     check_code(code, row.shape[1])
-    if code != 4 and code != 11 and (code < 7 or code > 9):
+    if code == 10:
         raise ValueError("no int8 dot for this quantized format")
     nb, v = row.shape[0], values_of(code)
     xs_blocks = (sums16(xq.reshape(1, nb * v), xd.reshape(1, nb * v // 32)).reshape(nb, v // 16)
-                 if code == Q6_K else xs.reshape(nb, v // 32))
+                 if per16(code) else xs.reshape(nb, v // 32))
     return idot_blocks(row, code, xq.reshape(nb, v), xd.reshape(nb, v // 32), xs_blocks)

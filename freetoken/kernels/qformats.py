@@ -21,8 +21,8 @@ class QuantFormat:
     @property
     def int8_dots(self) -> bool:
         """Whether the CPU kernels have int8 row dots for it (kernels/qact.py, qact.idot_row):
-        the formats of the usual GGUF files' big tensors."""
-        return self.name in ("q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
+        every GGUF block format (not FreeToken's FP8 row blocks)."""
+        return self.ggml >= 0
 
 
 FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, ggml, values, nbytes)

@@ -9,24 +9,26 @@ Spec: as the GEMV's int8 dots (the dequantized weight against the rounded x, q *
 ``ref`` with ``dots="int8"`` is the spec here too; fp32 math in another order.
 
 Shape legend: T tokens (or rows of x), K inputs, M weight rows, V values per block, B block
-bytes, P routed pairs, U experts used, N tiles of 16 lanes, G values per group (32; 16: q6_k).
+bytes, P routed pairs, U experts used, N tiles of 16 lanes, G values per group (32; 16: q2_k, q3_k, q6_k).
 """
 import numpy as np
 
 from freetoken.kernels._activations import silu
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels._tile_out import into, put, runs
-from freetoken.kernels._simd import itile_mxfp4, itile_q4_k, itile_q5_k, itile_q6_k, itile_q8_0
+from freetoken.kernels._simd import (itile_mxfp4, itile_q2_k, itile_q3_k, itile_q4_0, itile_q4_1, itile_q4_k,
+                                     itile_q5_0, itile_q5_1, itile_q5_k, itile_q6_k, itile_q8_0)
 from freetoken.kernels.qformats import format_of, is_quantized
 
 LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
 ROWS = 32                                    # weight rows per parallel work item
-GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32), 11: (32, 12)}   # format code -> (G, offset of u)
-AMX_CODES = (4, 7, 8, 9)   # formats the AMX tiles read (kernels/qgemm_amx.py refuses others); mxfp4 takes the VNNI tiles there
+GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32), 11: (32, 12),   # format code -> (G, offset of u)
+          0: (32, 8), 1: (32, 0), 2: (32, 16), 3: (32, 0), 5: (16, 0), 6: (16, 4)}
+AMX_CODES = (4, 7, 8, 9)   # formats the AMX tiles read (kernels/qgemm_amx.py refuses others); the rest take the VNNI tiles there
 
 
 def supported(w) -> bool:
-    """Whether w is in a format the tile GEMM reads (q8_0, q4_k, q5_k, q6_k, mxfp4)."""
+    """Whether w is in a format the tile GEMM reads (every GGUF block format)."""
     return is_quantized(w) and format_of(w).code in GROUPS
 
 
@@ -99,8 +101,27 @@ def _itile(row, code, xt, xd, xs, xb, first, out):
         itile_q5_k(row, xt, xd, xs, xb, first, out)
     elif code == 11:
         itile_mxfp4(row, xt, xd, xs, xb, first, out)
-    else:
+    elif code == 9:
         itile_q6_k(row, xt, xd, xs, xb, first, out)
+    else:
+        _itile_low(row, code, xt, xd, xs, xb, first, out)
+
+
+@njit(inline="always", **SERIAL)
+def _itile_low(row, code, xt, xd, xs, xb, first, out):
+    """_itile of the low-bit and legacy formats."""
+    if code == 0:
+        itile_q4_0(row, xt, xd, xs, xb, first, out)
+    elif code == 1:
+        itile_q4_1(row, xt, xd, xs, xb, first, out)
+    elif code == 2:
+        itile_q5_0(row, xt, xd, xs, xb, first, out)
+    elif code == 3:
+        itile_q5_1(row, xt, xd, xs, xb, first, out)
+    elif code == 5:
+        itile_q2_k(row, xt, xd, xs, xb, first, out)
+    else:
+        itile_q3_k(row, xt, xd, xs, xb, first, out)
 
 
 @njit(inline="always", **SERIAL)   # called, not inlined: 1.85x the time of a Q4_K_M prefill on Zen 4

@@ -38,7 +38,22 @@ def test_cpu_matches_the_spec(fmt, T, dots):
         assert not np.array_equal(want, dense)
         np.testing.assert_allclose(want, dense, rtol=0, atol=0.03 * np.abs(dense).max())
     got = experts.cpu(x, ids, w, gate_up, down, dots=dots)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert_close_but_for_rounding_flips(got, want, dots)
+
+
+def assert_close_but_for_rounding_flips(got, want, dots):
+    """got within fp32 rounding of want; with int8 dots a token may be off by more (at most 2 of
+    every 96, and by less than the int8 rounding's own error): the activation between gate_up
+    and down is rounded to 8 bits, and where the fp32 sums of the kernel and of the spec land on
+    either side of a rounding step one value moves by a whole step (seen for q8_0 and q5_0 at
+    one token in 96 on some seeds). A wrong kernel is off at most tokens."""
+    atol = 1e-4 * np.abs(want).max()
+    off = np.abs(got - want) > atol + 1e-4 * np.abs(want)
+    flipped = np.unique(np.nonzero(off)[0]) if dots == "int8" else np.array([], np.int64)
+    assert flipped.size <= max(1, got.shape[0] // 48), f"tokens {flipped} off"
+    np.testing.assert_allclose(got[flipped], want[flipped], rtol=0, atol=0.03 * np.abs(want).max())
+    keep = np.setdiff1d(np.arange(got.shape[0]), flipped)
+    np.testing.assert_allclose(got[keep], want[keep], rtol=1e-4, atol=atol)
 
 
 @pytest.mark.parametrize("dots", ["f32", "int8"])

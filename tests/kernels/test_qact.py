@@ -107,7 +107,8 @@ def test_wants_int8_only_for_the_formats_with_int8_dots():
     rng = np.random.default_rng(0)
     assert qact.wants_int8(blocks(rng, "q4_k", 2, 1), "int8")
     assert not qact.wants_int8(blocks(rng, "q4_k", 2, 1), "f32")
-    assert not qact.wants_int8(blocks(rng, "q4_0", 2, 1), "int8")
+    assert qact.wants_int8(blocks(rng, "q4_0", 2, 1), "int8")          # every GGUF block format
+    assert not qact.wants_int8(np.zeros((2, 1, 132), np.uint8), "int8")  # FreeToken's FP8 row blocks
     assert not qact.wants_int8(np.zeros((2, 32), np.uint16), "int8")     # bf16
     with pytest.raises(ValueError, match="dots must be one of"):
         qact.wants_int8(blocks(rng, "q4_k", 2, 1), "int4")
@@ -134,10 +135,10 @@ def test_int8_row_dots_match_the_spec(name):
 
 
 def test_int8_row_dot_refuses_a_format_without_one():
-    w = blocks(np.random.default_rng(1), "q4_0", 1, 2)
-    q, d, s = qact.quantize(np.ones((1, 64), np.float32))
+    w = np.zeros((1, 132), np.uint8)                     # one fp8_b128 block: FreeToken's FP8 rows
+    q, d, s = qact.quantize(np.ones((1, 128), np.float32))
     with pytest.raises(ValueError, match="no int8 dot"):
-        qact.idot_row(w[0], qformats.format_named("q4_0").code, q[0], d[0], s[0])
+        qact.idot_row(w, qformats.format_named("fp8_b128").code, q[0], d[0], s[0])
 
 
 def _paths_here():

@@ -8,7 +8,7 @@ from test_qblocks import blocks
 
 from freetoken.kernels import _simd, qact, qformats, qgemm
 
-NAMES = ["q8_0", "q4_k", "q5_k", "q6_k", "mxfp4"]
+NAMES = [f.name for f in qformats.FORMATS if f.code in qgemm.GROUPS]     # every format the tile GEMM reads
 
 
 def _bank(rng, name, S, M, K):
