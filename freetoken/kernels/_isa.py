@@ -99,7 +99,8 @@ def describe() -> str:
     used |= {"amx-int8"} if amx else set()
     present = [what for flag, what in DOT_FEATURES if flag in features and flag not in used]
     unused = f"; present but unused: {', '.join(present)}" if present else ""
-    prefill = "int8 tile GEMM on AMX-INT8 tiles (tdpbusd; mxfp4 on VNNI tiles)" if amx else TILE_PATHS[int8_tile_path(features)]
+    prefill = (("int8 tile GEMM on AMX-INT8 tiles (tdpbusd: q8_0, q4_k, q5_k, q6_k; the other formats on VNNI "
+                "tiles)") if amx else TILE_PATHS[int8_tile_path(features)])
     bf16 = ("prefill by vdpbf16ps tiles, decode by vdpbf16ps row dots (AVX512-BF16)" if bf16_dots(features)
             else "prefill widened to fp32 for BLAS, decode by fp32 FMAs")
     ahead = "asked for ahead" if weight_prefetch(name) else "left to the hardware prefetchers (AMD Zen)"
