@@ -17,7 +17,8 @@ assert "SSE" in _isa.describe() and "widened to fp32" in _isa.describe()
 rows = np.zeros((4, 8), np.uint32)
 assert not experts_bf16.runs_here(rows, rows)
 rng = np.random.default_rng(0)
-for name, K in (("q8_0", 320), ("q4_k", 512), ("q6_k", 512), ("mxfp4", 512)):   # q8_0: 8 blocks a step, 2 after
+for name, K in (("q8_0", 320), ("q4_k", 512), ("q6_k", 512), ("mxfp4", 512), ("q4_0", 320), ("q5_1", 96),
+                ("q2_k", 256), ("q3_k", 512)):                      # q8_0, q4_0: 8 blocks a step, 2 after
     x = rng.standard_normal((1, K)).astype(np.float32)
     row = qformats.random_blocks(name, (), K, rng)
     if name == "q8_0":
