@@ -121,8 +121,8 @@ class EngineConfig:
                                   "Q8_0 blocks; q4_k: GGUF's Q4_K blocks; fp8: e4m3 in row blocks of 128), the "
                                   "quantization error logged once; a quantized checkpoint's experts are left as "
                                   "they are", ("none", "q8_0", "q4_k", "fp8"))
-    cpu_dots: str = _flag("int8", "how the CPU multiplies by q8_0/q4_k/q5_k/q6_k/mxfp4 weights (cpu backend, and "
-                          "the hybrid's CPU experts) and by bf16 experts (cpu and ref backends): int8 rounds each 32 "
+    cpu_dots: str = _flag("int8", "how the CPU multiplies by GGUF block weights (q4_0 .. q8_0, q2_k .. q6_k, "
+                          "mxfp4; cpu backend, and the hybrid's CPU experts) and by bf16 experts (cpu and ref backends): int8 rounds each 32 "
                           "activations to 8 bits and sums exact integers (VNNI or AVX2), and rounds bf16 "
                           "experts' inputs to bf16 (AVX512-BF16 vdpbf16ps prefill), as llama.cpp does; f32 "
                           "multiplies by the fp32 activations (slower, no rounding)", ("int8", "f32"))

@@ -93,7 +93,7 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # row dots with their fp32 fallback, experts_pairs' word kernels, the widened path kept for CPUs
 # without AVX512-BF16; ~150 lines: bf16 medium decode step 0.93-0.97x the time, 4 of 4
 # interleaved pairs, EPYC Zen 4 VM)
-# -> 17,045: int8 row dots and int8 tile GEMMs for every other GGUF block format (q4_0, q4_1,
+# -> 17,045 (2026-12-06): int8 row dots and int8 tile GEMMs for every other GGUF block format (q4_0, q4_1,
 # q5_0, q5_1, q2_k, q3_k: kernels/_simd_int8_low.py and the tile groups; ~160 lines: Q4_0 and
 # Q3_K_M files decoded at 0.24x and 0.48x llama.cpp through the fp32 block dots, EPYC Zen 4 VM)
 MAX_PACKAGE_LINES = 17_045

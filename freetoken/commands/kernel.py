@@ -28,7 +28,7 @@ def register(sub) -> None:
                    help="weight / KV cache dtype; a quantized format (q4_k, ...) for the weights of "
                         "embedding, linear and experts (random blocks) (default: bf16)")
     p.add_argument("--dots", choices=DOTS, default="int8",
-                   help="cpu linear and experts over q8_0/q4_k/q5_k/q6_k/mxfp4: int8 rounds the activations "
+                   help="cpu linear and experts over GGUF block formats: int8 rounds the activations "
                         "to 8 bits per 32 values, and bf16 experts' to bf16 (the engine's --cpu-dots "
                         "default; ref rounds alike), f32 does not (default: int8)")
     p.add_argument("--iters", type=int, default=100,

@@ -86,9 +86,9 @@ def q2_k_coefficients(builder, block):
     """(d * scale_i, dmin * min_i) <16 x float> of a q2_k block's 16-value groups (the scale in
     the low 4 bits of byte i, the min in the high 4; d, dmin fp16 at 80, 82)."""
     packed, f16 = _bytes(builder, block, 0, 16), ir.VectorType(F32, 16)
-    a16 = builder.fmul(builder.uitofp(builder.and_(packed, _same(8, 16, 15)), f16), _splat(builder, _fp16(builder, block, 80), 16))
-    c16 = builder.fmul(builder.uitofp(builder.lshr(packed, _same(8, 16, 4)), f16), _splat(builder, _fp16(builder, block, 82), 16))
-    return a16, c16
+    scales, mins = builder.and_(packed, _same(8, 16, 15)), builder.lshr(packed, _same(8, 16, 4))
+    return tuple(builder.fmul(builder.uitofp(v, f16), _splat(builder, _fp16(builder, block, at), 16))
+                 for v, at in ((scales, 80), (mins, 82)))
 
 
 def _q2_k(builder, ptrs, acc, path):
@@ -101,12 +101,14 @@ def _q2_k(builder, ptrs, acc, path):
 
 def q3_k_scales(builder, block):
     """d * scale_i <16 x float> of a q3_k block: scale_i (6 bits, minus 32) = the low 4 bits from
-    nibble i >> 3 of byte 96 + (i & 7), the high 2 from pair i >> 2 of byte 104 + (i & 3)."""
-    raw = builder.zext(_bytes(builder, block, 96, 16), I32x16)
+    nibble i >> 3 of byte 96 + (i & 7), the high 2 from pair i >> 2 of byte 104 + (i & 3). The 12
+    scale bytes are loaded alone: 16 would run past the 110-byte block (past a row's end)."""
+    raw = builder.zext(_bytes(builder, block, 96, 12), ir.VectorType(I32, 12))
     const = lambda values: ir.Constant(I32x16, list(values))                            # noqa: E731
     low = builder.lshr(_lanes(builder, raw, [i & 7 for i in range(16)]), const(4 * (i >> 3) for i in range(16)))
     high = builder.lshr(_lanes(builder, raw, [8 + (i & 3) for i in range(16)]), const(2 * (i >> 2) for i in range(16)))
-    six = builder.or_(builder.and_(low, _same(32, 16, 15)), builder.shl(builder.and_(high, _same(32, 16, 3)), _same(32, 16, 4)))
+    high = builder.shl(builder.and_(high, _same(32, 16, 3)), _same(32, 16, 4))
+    six = builder.or_(builder.and_(low, _same(32, 16, 15)), high)
     scales = builder.sitofp(builder.sub(six, _same(32, 16, 32)), ir.VectorType(F32, 16))
     return builder.fmul(scales, _splat(builder, _fp16(builder, block, 108), 16))
 
@@ -127,7 +129,8 @@ def _q3_k(builder, ptrs, acc, path):
     return builder.fadd(acc, _fma(builder, offset, _splat(builder, ir.Constant(F32, -4.0), 8), total))
 
 
-# (block bytes, values, accumulator lanes, values per xs float), as _simd_int8's table
+# (block bytes, values, accumulator lanes, values per xs float), as _simd_int8's table; the
+# 32-value formats eight blocks a step, as q8_0 (their per-block tails one at a time)
 for _plain_dot, _shape, _block in ((_simd.idot_q4_0, (18, 32, 8, 32), _legacy(18, 2, None, None, 8)),
                                    (_simd.idot_q4_1, (20, 32, 8, 32), _legacy(20, 4, None, 2, 0)),
                                    (_simd.idot_q5_0, (22, 32, 8, 32), _legacy(22, 6, 2, None, 16)),

@@ -10,13 +10,13 @@ token with no horizontal reduction, and each weight block is unpacked once for a
 (the GEMV dots, kernels/_simd_int8.py, unpack it once per token). This is what makes prefill of a
 quantized file an integer GEMM rather than dequantize-then-fp32-BLAS.
 
-Per group of G values (32; 16 for q6_k) a format's values are a*u - c: u the unsigned quant
-(q8_0 stores it signed: u = q + 128; mxfp4's doubled e2m1 values -12..12 + 12), a and c fp32
-per group. The integer sum starts from the
-tile's xb = -off * sum(xq) (off: 128 for q8_0, 32 for q6_k, 12 for mxfp4, 8 for q4_0, 16 for q5_0, 4
-for q3_k) so sum(u*xq) + xb is the exact sum((u - off) * xq); then acc += a * xd * sum, and the
-mins (q4_k, q5_k, q2_k; q4_1 and q5_1 add theirs: c = -min) acc -= c * xs with xs = xd * sum(xq). Same spec and tolerance as the GEMV dots: the dequantized row against the
-rounded x (q * xd), fp32 math in another order.
+Per group of G values (32; 16 for q2_k, q3_k and q6_k) a format's values are a*u - c: u the
+unsigned quant (q8_0 stores it signed: u = q + 128; mxfp4's doubled e2m1 values -12..12 + 12), a
+and c fp32 per group. The integer sum starts from the tile's xb = -off * sum(xq) (off: 128 for
+q8_0, 32 for q6_k, 12 for mxfp4, 8 for q4_0, 16 for q5_0, 4 for q3_k) so sum(u*xq) + xb is the
+exact sum((u - off) * xq); then acc += a * xd * sum, and the mins (q4_k, q5_k, q2_k; q4_1 and
+q5_1 add theirs: c = -min) acc -= c * xs with xs = xd * sum(xq). Same spec and tolerance as the
+GEMV dots: the dequantized row against the rounded x (q * xd), fp32 math in another order.
 
 Shapes: row u8[NB,S]; xt i8[N,K/4,16,4]; xd f32[N,K/32,16]; xs f32[N,K/G,16]; xb
 i32[N,K/G,16]; out f32[NT,16] from tiles first .. first + NT; all C-contiguous, K = NB*V.

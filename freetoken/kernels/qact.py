@@ -6,7 +6,8 @@ consecutive values x of a row, in fp32,
     d = max|x| / 127,   inv = 1 / d (0 when d is 0),   q = rint(x * inv) in [-127, 127] (int8)
 so the row stands for q * d. An int8 dot of a weight row w with it is then the spec's
 dot(dequantize(w), q * d): the sums over each 32 values are exact integers, each scaled once.
-``s`` = d * sum(q) per 32 values (fp32) rides along: the K-quants' block minimums need it.
+``s`` = d * sum(q) per 32 values (fp32) rides along: the K-quants' block minimums, q4_1's and
+q5_1's mins and q4_0's and q5_0's offsets are applied through it.
 
 Which ops round: with ``dots="int8"`` (the engine's --cpu-dots, bound by backend.get_ops), the
 CPU ``linear`` and ``experts`` ops (cpu and ref: ref applies the same rounding, so it stays the
@@ -154,10 +155,10 @@ def sums16(q, d):
 def prepared(x, code, int8):
     """The tokens a GEMV kernel over weights of format ``code`` reads through ``dot_token``, made
     inside the kernel (a numba call and three numpy allocations from Python cost more than this
-    at decode): (x f32[T,K], xq i8[T,K/V,V], xd f32[T,K/V,V/32], xs f32[T,K/V,V/32], for q6_k
-    [T,K/V,V/16]: sums16), x rounded in blocks of V values when int8, else empty arrays (one
-    compiled kernel serves both; per16 formats' xs [T,K/V,V/16]). Compiled without fastmath, as
-    quantize_ref rounds."""
+    at decode): (x f32[T,K], xq i8[T,K/V,V], xd f32[T,K/V,V/32], xs f32[T,K/V,V/32], for a
+    per16 format [T,K/V,V/16]: sums16), x rounded in blocks of V values when int8, else
+    empty arrays (one compiled kernel serves both). Compiled without fastmath, as quantize_ref
+    rounds."""
     T, K = x.shape
     values = values_of(code)
     nb = K // values
@@ -215,8 +216,9 @@ def rows_dot_tokens(w, code, int8, xa, toks, p0, p1, r0, r1, out, by_row):
 
 @njit(inline="always", **SERIAL)
 def idot_blocks(row, code, xq, xd, xs):
-    """idot_row with the rounded x already in blocks (xq i8[NB,V], xd, xs f32[NB,V/32]; q6_k's
-    xs f32[NB,V/16], sums16) and the code checked by the caller (dot_token: a reshape per row costs as much as a short dot)."""
+    """idot_row with the rounded x already in blocks (xq i8[NB,V], xd, xs f32[NB,V/32]; a per16
+    format's xs f32[NB,V/16], sums16) and the code checked by the caller (dot_token: a reshape per
+    row costs as much as a short dot)."""
     if code == 4:
         return idot_q8_0(row, xq, xd, xs)
     if code == 7:

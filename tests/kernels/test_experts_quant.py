@@ -42,15 +42,17 @@ def test_cpu_matches_the_spec(fmt, T, dots):
 
 
 def assert_close_but_for_rounding_flips(got, want, dots):
-    """got within fp32 rounding of want; with int8 dots a token may be off by more (at most 2 of
-    every 96, and by less than the int8 rounding's own error): the activation between gate_up
+    """got within fp32 rounding of want; with int8 dots and many tokens a few may be off by more
+    (one in 48, and by less than the int8 rounding's own error): the activation between gate_up
     and down is rounded to 8 bits, and where the fp32 sums of the kernel and of the spec land on
-    either side of a rounding step one value moves by a whole step (seen for q8_0 and q5_0 at
-    one token in 96 on some seeds). A wrong kernel is off at most tokens."""
+    either side of a rounding step one value moves by a whole step (seen for q8_0 on 3 of 8
+    seeds and for q5_0 on 2, one or two tokens in 96). A wrong kernel is off at most tokens;
+    fewer than 48 tokens are held to the fp32 tolerance throughout."""
     atol = 1e-4 * np.abs(want).max()
     off = np.abs(got - want) > atol + 1e-4 * np.abs(want)
-    flipped = np.unique(np.nonzero(off)[0]) if dots == "int8" else np.array([], np.int64)
-    assert flipped.size <= max(1, got.shape[0] // 48), f"tokens {flipped} off"
+    flipped = np.unique(np.nonzero(off)[0])
+    allowed = got.shape[0] // 48 if dots == "int8" else 0
+    assert flipped.size <= allowed, f"tokens {flipped} off"
     np.testing.assert_allclose(got[flipped], want[flipped], rtol=0, atol=0.03 * np.abs(want).max())
     keep = np.setdiff1d(np.arange(got.shape[0]), flipped)
     np.testing.assert_allclose(got[keep], want[keep], rtol=1e-4, atol=atol)

@@ -51,11 +51,11 @@ def test_a_group_with_inf_or_nan_gets_the_specs_scale(T):
     np.testing.assert_array_equal(q[:, :32], q_ref[:, :32])
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_k", "q6_k", "q4_0", "q2_k", "q3_k"])
 def test_the_kernels_own_rounding_is_the_spec_in_blocks(name):
     """prepared(): what the GEMV kernels round inside themselves, bit for bit quantize_ref, in
-    blocks of the weight's V values (q6_k's xs: d times each 16 values' sum of q); without int8
-    only x (and empty arrays)."""
+    blocks of the weight's V values (the xs of q2_k, q3_k and q6_k: d times each 16 values' sum
+    of q); without int8 only x (and empty arrays)."""
     fmt = qformats.format_named(name)
     values = fmt.values
     x = activations(np.random.default_rng(values), 3, 512)
@@ -64,7 +64,7 @@ def test_the_kernels_own_rounding_is_the_spec_in_blocks(name):
     assert x_ is x or np.array_equal(x_, x)
     assert q.shape == (3, 512 // values, values) and d.shape == (3, 512 // values, values // 32)
     np.testing.assert_array_equal(q.reshape(3, -1), want[0])
-    if name == "q6_k":
+    if name in ("q2_k", "q3_k", "q6_k"):
         sums = want[0].reshape(3, -1, 16).sum(axis=2, dtype=np.int32).astype(np.float32)
         want = want[:2] + ((np.repeat(want[1], 2, axis=1) * sums).astype(np.float32),)
     assert s.shape == (3, 512 // values, want[2].shape[1] * values // 512)

@@ -224,14 +224,17 @@ def test_int8_dots_are_the_int8_spec(kind):
 
 def assert_same_tokens_but_at_a_tie(got, want, forced, step_logits, tie=0.01):
     """got == want, or they part at step k where want's prefix is the teacher-forced one (forced:
-    the ids step_logits were computed on) and those logits' top two are within `tie`."""
+    the ids step_logits were computed on), those logits' top two are within `tie` and got's
+    token is one of them."""
     k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if k is None:
         assert len(got) == len(want)
         return
     assert list(want[:k]) == [int(t) for t in forced[:k]], f"tokens part at {k}, off the forced prefix"
-    top2 = np.sort(step_logits[k])[-2:]
+    step = step_logits[k]
+    top2 = np.sort(step)[-2:]
     assert top2[1] - top2[0] < tie, f"tokens part at {k}, top two {top2[1] - top2[0]:.4f} apart: no tie"
+    assert step[got[k]] >= top2[0], f"tokens part at {k} on a token outside the top two"
 
 
 def test_a_quantized_file_keeps_a_bf16_kv_cache():
