@@ -96,7 +96,10 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # -> 17,045 (2026-12-06): int8 row dots and int8 tile GEMMs for every other GGUF block format (q4_0, q4_1,
 # q5_0, q5_1, q2_k, q3_k: kernels/_simd_int8_low.py and the tile groups; ~160 lines: Q4_0 and
 # Q3_K_M files decoded at 0.24x and 0.48x llama.cpp through the fp32 block dots, EPYC Zen 4 VM)
-MAX_PACKAGE_LINES = 17_045
+# -> 17,135 (2026-12-06, later): kernels/_peak.py, the CPU's compute peak measured on the instruction an
+# op multiplies with, so `kernel --bench` gives prefill shapes a FLOP/s share as the CPU-speed issue
+# asks (~90 lines: before, the CPU's FLOP/s line had no peak at all)
+MAX_PACKAGE_LINES = 17_135
 
 
 def _module_name(path: Path) -> str:

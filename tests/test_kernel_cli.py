@@ -141,3 +141,23 @@ def test_every_op_passes_on_the_device(op):
                            "--check"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{op}.gpu" in proc.stdout and "PASS" in proc.stdout and "FAIL" not in proc.stdout
+
+
+@pytest.mark.parametrize("op,shape,dtype,kind", [
+    ("linear", "T=40,K=512,M=24", "q4_k", "int8"), ("experts", "T=40,H=256,I=256,S=4,k=2", "bf16", "bf16"),
+    ("linear", "T=8,K=256,M=16", "f32", "fp32")])
+def test_bench_gives_the_share_of_the_compute_peak_of_the_instruction_that_ran(op, shape, dtype, kind, capsys):
+    """The FLOP/s line is a share of a peak measured on the instruction the op multiplies with
+    (kernels/_peak.py): VNNI's int8 dots for GGUF blocks, vdpbf16ps for bf16 experts, else FMAs;
+    where the CPU lacks one, the op's own fallback and the peak of what it runs instead."""
+    from freetoken.kernels import _peak
+    from freetoken.kernels._isa import amx_int8, bf16_dots
+    from freetoken.kernels.qgemm import fast_here
+    kind = {"int8": "int8" if fast_here() else "fp32", "bf16": "bf16" if bf16_dots() else "fp32"}.get(kind, kind)
+    assert main(["kernel", op, "--bench", "--shape", shape, "--dtype", dtype, "--iters", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    flops_line = next(line for line in out.splitlines() if "TFLOP/s of" in line)
+    if kind == "int8" and amx_int8():
+        assert "compute peak of the AMX tiles not measured" in out and "% of" not in flops_line
+    else:
+        assert f"TFLOP/s measured with {_peak.what_runs(kind)}" in out and "% of" in flops_line

@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--check", action="store_true",
                    help="compare with ref: max abs/rel error and where (the default action)")
     p.add_argument("--bench", action="store_true",
-                   help="time it: GB/s and TFLOP/s, against the device's peak on a GPU")
+                   help="time it: GB/s and TFLOP/s as shares of the device's peaks (a GPU's from its attributes; the CPU's measured: read bandwidth, and the multiply-add instruction the op runs on)")
     p.add_argument("--shape", default="", metavar="NAME=N,...",
                    help="override the op's default dims, e.g. T=7,H=4096 (the report shows all)")
     p.add_argument("--dtype", choices=("bf16", "f32") + BLOCK_DTYPES, default="bf16",
@@ -86,8 +86,21 @@ def run(args) -> int:
         print(f"  {describe(case.dims['Hq'] // case.dims['G'], case.dims['D'])}")
     ok = check(fn, ref, case, device) if args.check or not args.bench else True
     if args.bench:
-        bench(fn, case, device, max(1, args.iters))
+        bench(fn, case, device, max(1, args.iters), compute_kind(args) if impl == "cpu" else "fp32")
     return 0 if ok else 1
+
+
+def compute_kind(args) -> str:
+    """Which instruction the cpu op's multiply-adds run on (kernels/_peak.py): 'int8' for GGUF
+    blocks with int8 dots where the tile GEMM has VNNI, 'bf16' for bf16 experts on vdpbf16ps,
+    else 'fp32' (FMAs, BLAS)."""
+    from freetoken.kernels._isa import bf16_dots
+    from freetoken.kernels.qgemm import fast_here
+    if args.op in ("linear", "experts") and _has_int8_dots(args.dtype) and args.dots == "int8" and fast_here():
+        return "int8"
+    if args.op == "experts" and args.dtype == "bf16" and args.dots == "int8" and bf16_dots():
+        return "bf16"
+    return "fp32"
 
 
 # --- check -----------------------------------------------------------------------------------
@@ -151,10 +164,12 @@ def _xp(device):
 
 # --- bench -----------------------------------------------------------------------------------
 
-def bench(fn, case, device, iters) -> None:
+def bench(fn, case, device, iters, kind="fp32") -> None:
+    """Time fn; bandwidth and FLOP/s against the device's peaks (on the CPU: measured, the FLOP/s
+    one for the instruction `kind` the op multiplies with)."""
     sec = time_gpu(fn, case, iters) if device == "cuda" else time_cpu(fn, case, iters)
     gbs, tfs = case.nbytes / sec / 1e9, case.flops / sec / 1e12
-    peak_gbs, peak_tfs, what = gpu_peaks() if device == "cuda" else cpu_peaks()
+    peak_gbs, peak_tfs, what = gpu_peaks() if device == "cuda" else cpu_peaks(kind)
     print(f"  time {sec * 1e6:.2f} us/call (mean of {iters}"
           f"{' in one CUDA graph' if device == 'cuda' else ''})")
     print(f"  {gbs:.1f} GB/s of {case.nbytes / 1e6:.3g} MB moved" + _share(gbs, peak_gbs, "GB/s"))
@@ -226,8 +241,16 @@ def gpu_peaks() -> tuple[float | None, float | None, str]:
     return gbs, tfs, f"{name} (sm_{cc[0]}{cc[1]}): {peak}, {tfs or 0:.1f} TFLOP/s fp32 (no tensor cores)"
 
 
-def cpu_peaks() -> tuple[float, None, str]:
-    from freetoken.kernels._isa import describe
+def cpu_peaks(kind="fp32") -> tuple[float, float | None, str]:
+    """(GB/s, TFLOP/s, description), both measured on numba's threads: a parallel read of 256 MB,
+    and the multiply-add instruction `kind` (kernels/_peak.py; none for the AMX tiles)."""
+    from freetoken.kernels._isa import amx_int8, describe
     from freetoken.kernels._membw import measure_read_bandwidth
+    from freetoken.kernels._peak import measure_peak, what_runs
     gbs = measure_read_bandwidth(nbytes=256 << 20, repeats=3)
-    return gbs, None, f"cpu: {gbs:.1f} GB/s measured numba parallel read (256 MB); {describe()}"
+    if kind == "int8" and amx_int8():
+        tfs, compute = None, "compute peak of the AMX tiles not measured"
+    else:
+        tfs = measure_peak(kind) / 1e12
+        compute = f"{tfs:.3g} TFLOP/s measured with {what_runs(kind)} (a multiply-add is 2)"
+    return gbs, tfs, f"cpu: {gbs:.1f} GB/s measured numba parallel read (256 MB), {compute}; {describe()}"
