@@ -165,74 +165,48 @@ def head_scores(q, k, slots, j0, g, r0, scale, s):
     s[g, r0:r0 + 4, j0:j0 + 4] = scale * (q[g, r0:r0 + 4] @ keys.T)
 
 
-def _spec_itile(row, xt, xd, first, out, ggml_type):
-    """The spec of the tile products: out[n] from tile first + n, each of its tokens (the rounded
-    x: xt's bytes, token l at 4l .. 4l+3 of every 64, times its xd) dotted with the dequantized
-    row by _spec_dot."""
-    nt, k4 = out.shape[0], xt.shape[1]
-    xt, xd = xt[first:first + nt], xd[first:first + nt]
-    q = np.asarray(xt, np.float32).reshape(nt, k4, 16, 4).transpose(0, 2, 1, 3).reshape(nt, 16, -1)
-    d = np.repeat(np.asarray(xd, np.float32).reshape(nt, -1, 16).transpose(0, 2, 1), 32, axis=2)
-    for n in range(nt):
-        for lane in range(16):
-            out[n, lane] = _spec_dot(row, q[n, lane] * d[n, lane], ggml_type)
+def _unpack_stub(name):
+    """unpack_<name>(row, u, a, c): a quantized row's values as u u8[K] (a byte a value) and each
+    group's a and c f32[K/G], the values being a*(u - off) - c (kernels/_simd_itile.py's groups,
+    off qgemm.GROUPS'; c = 0 where the format has no mins). Compiled only (kernels/_simd_igemm.py): the (u, a, c) are the
+    format's own fields, and what the spec fixes is igemm's result against the dequantized row
+    (tests/kernels/test_qgemm.py)."""
+    def unpack(row, u, a, c):
+        raise NotImplementedError(f"unpack_{name} is compiled only (kernels/_simd_igemm.py)")
+    unpack.__name__ = unpack.__qualname__ = f"unpack_{name}"
+    unpack.__doc__ = _unpack_stub.__doc__.replace("<name>", name)
+    return unpack
 
 
-def itile_q8_0(row, xt, xd, xs, xb, first, out):
-    """out f32[NT,16]: the q8_0 row against tiles first .. first + NT of 16 tokens (kernels/_simd_itile.py: u = q + 128
-    against the rounded x, the tile's xb = -128 * sum(xq) added, d * xd per 32)."""
-    _spec_itile(row, xt, xd, first, out, "Q8_0")
+unpack_q8_0, unpack_q4_k, unpack_q5_k, unpack_q6_k, unpack_mxfp4 = map(_unpack_stub, ("q8_0", "q4_k", "q5_k", "q6_k",
+                                                                                     "mxfp4"))
+unpack_q4_0, unpack_q4_1, unpack_q5_0, unpack_q5_1, unpack_q2_k, unpack_q3_k = map(
+    _unpack_stub, ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k"))
 
 
-def itile_q4_k(row, xt, xd, xs, xb, first, out):
-    """itile_q8_0 for q4_k: per sub-block d*scale_j * xd * sum(u * xq) - dmin*min_j * xs."""
-    _spec_itile(row, xt, xd, first, out, "Q4_K")
+def _spec_igemm(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out, G):
+    """The spec of the products: out[j*TT + t] = unpacked row r0 + j against tile t0 + t, per group
+    a * xd * (sum(u * xq) + xb) - c * xs (with has_min), in float64."""
+    tiles, K = out.shape[0] // 4, u.shape[1]
+    q = np.asarray(xt[t0:t0 + tiles], np.int64).reshape(tiles, K // 4, 16, 4).transpose(0, 2, 1, 3).reshape(tiles, 16, K)
+    for j in range(4):
+        rows = np.asarray(u[r0 + j], np.int64).reshape(-1, G)
+        for t in range(tiles):
+            sums = (q[t].reshape(16, -1, G) * rows[None]).sum(axis=2) + xb[t0 + t].T          # [16, K/G]
+            scale = np.repeat(np.asarray(xd[t0 + t], np.float64).T, 32 // G, axis=1) * a[r0 + j]
+            low = (c[r0 + j] * np.asarray(xs[t0 + t], np.float64).T).sum(axis=1) if has_min else 0.0
+            out[j * tiles + t] = (sums * scale).sum(axis=1) - low
 
 
-def itile_q5_k(row, xt, xd, xs, xb, first, out):
-    """itile_q4_k for q5_k."""
-    _spec_itile(row, xt, xd, first, out, "Q5_K")
+def igemm_g32(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out):
+    """out f32[4*TT,16]: unpacked rows r0 .. r0+3 (u, a, c from unpack_*, groups of 32) against
+    tiles t0 .. t0+TT-1 (TT = 2 where out has 8 rows, else 1); kernels/_simd_igemm.py."""
+    _spec_igemm(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out, 32)
 
 
-def itile_q6_k(row, xt, xd, xs, xb, first, out):
-    """itile_q8_0 for q6_k: per 16 values d*scale_i * xd * (sum(u * xq) + xb), xb = -32 * sum(xq)."""
-    _spec_itile(row, xt, xd, first, out, "Q6_K")
-
-
-def itile_mxfp4(row, xt, xd, xs, xb, first, out):
-    """itile_q8_0 for mxfp4: per block 2**(e - 128) * xd * (sum(u * xq) + xb), u the doubled e2m1
-    value + 12, xb = -12 * sum(xq)."""
-    _spec_itile(row, xt, xd, first, out, "MXFP4")
-
-
-def itile_q4_0(row, xt, xd, xs, xb, first, out):
-    """itile_q8_0 for q4_0: per block d * xd * (sum(u * xq) + xb), u the nibbles, xb = -8 * sum(xq)."""
-    _spec_itile(row, xt, xd, first, out, "Q4_0")
-
-
-def itile_q4_1(row, xt, xd, xs, xb, first, out):
-    """itile_q8_0 for q4_1: per block d * xd * sum(u * xq) + m * xs."""
-    _spec_itile(row, xt, xd, first, out, "Q4_1")
-
-
-def itile_q5_0(row, xt, xd, xs, xb, first, out):
-    """itile_q4_0 for q5_0 (u with its fifth bit, xb = -16 * sum(xq))."""
-    _spec_itile(row, xt, xd, first, out, "Q5_0")
-
-
-def itile_q5_1(row, xt, xd, xs, xb, first, out):
-    """itile_q4_1 for q5_1 (u with its fifth bit)."""
-    _spec_itile(row, xt, xd, first, out, "Q5_1")
-
-
-def itile_q2_k(row, xt, xd, xs, xb, first, out):
-    """itile_q8_0 for q2_k: per 16 values d*scale_i * xd * sum(u * xq) - dmin*min_i * xs."""
-    _spec_itile(row, xt, xd, first, out, "Q2_K")
-
-
-def itile_q3_k(row, xt, xd, xs, xb, first, out):
-    """itile_q8_0 for q3_k: per 16 values d*scale_i * xd * (sum(u * xq) + xb), xb = -4 * sum(xq)."""
-    _spec_itile(row, xt, xd, first, out, "Q3_K")
+def igemm_g16(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out):
+    """igemm_g32 for groups of 16 values (q2_k, q3_k, q6_k)."""
+    _spec_igemm(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out, 16)
 
 
 def btile_bf16(w, xt, r0, t0, out):
@@ -276,6 +250,6 @@ def register(numba):
     importlib.import_module("freetoken.kernels._simd_ir")
     importlib.import_module("freetoken.kernels._simd_int8")
     importlib.import_module("freetoken.kernels._simd_int8_low")
-    importlib.import_module("freetoken.kernels._simd_itile")
+    importlib.import_module("freetoken.kernels._simd_igemm")
     importlib.import_module("freetoken.kernels._simd_attn")
     importlib.import_module("freetoken.kernels._simd_bf16").enable_inline_asm()

@@ -1,9 +1,10 @@
 """Many tokens against quantized weights as an int8 GEMM: the prefill path of the linear and
 experts ops over a GGUF file's blocks when the dots are int8 (kernels/qact.py) and the CPU has
-VNNI. The tokens' rounded activations are laid out in tiles of 16 (``tiles``), and each weight
-row is multiplied against all of its tiles by ``_simd.itile_*`` (kernels/_simd_itile.py): every
-block unpacked once per call, 16 exact integer sums per vpdpbusd. Before it, prefill dequantized
-each expert to fp32 for BLAS (linear_quant.dequant_rows), a quarter of a Q4_K_M prefill.
+VNNI. The tokens' rounded activations are laid out in tiles of 16 (``tiles``); a run of weight
+rows is unpacked to bytes once (``_simd.unpack_*``), then multiplied 4 rows by 2 tiles at a time
+(``_simd.igemm_g*``, kernels/_simd_igemm.py), 16 exact integer sums per vpdpbusd. Before it,
+prefill dequantized each expert to fp32 for BLAS (linear_quant.dequant_rows), a quarter of a
+Q4_K_M prefill.
 
 Spec: as the GEMV's int8 dots (the dequantized weight against the rounded x, q * d), so the ops'
 ``ref`` with ``dots="int8"`` is the spec here too; fp32 math in another order.
@@ -16,14 +17,17 @@ import numpy as np
 from freetoken.kernels._activations import silu
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels._tile_out import into, put, runs
-from freetoken.kernels._simd import (itile_mxfp4, itile_q2_k, itile_q3_k, itile_q4_0, itile_q4_1, itile_q4_k,
-                                     itile_q5_0, itile_q5_1, itile_q5_k, itile_q6_k, itile_q8_0)
+from freetoken.kernels._simd import (igemm_g16, igemm_g32, unpack_mxfp4, unpack_q2_k, unpack_q3_k, unpack_q4_0,
+                                     unpack_q4_1, unpack_q4_k, unpack_q5_0, unpack_q5_1, unpack_q5_k, unpack_q6_k,
+                                     unpack_q8_0)
 from freetoken.kernels.qformats import format_of, is_quantized
 
 LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
-ROWS = 32                                    # weight rows per parallel work item
+ROWS = 32                                    # weight rows per parallel work item (unpacked at once)
+R = 4                                        # weight rows per igemm call
 GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32), 11: (32, 12),   # format code -> (G, offset of u)
           0: (32, 8), 1: (32, 0), 2: (32, 16), 3: (32, 0), 5: (16, 0), 6: (16, 4)}
+MINS = (1, 3, 5, 7, 8)                       # formats whose values subtract a min (q4_1, q5_1, q2_k, q4_k, q5_k)
 AMX_CODES = (4, 7, 8, 9)   # formats the AMX tiles read (kernels/qgemm_amx.py refuses others); the rest take the VNNI tiles there
 
 
@@ -92,55 +96,88 @@ def lane_sources(offs, rows):
 
 
 @njit(inline="always", **SERIAL)
-def _itile(row, code, xt, xd, xs, xb, first, out):
+def _unpack(row, code, u, a, c):
     if code == 4:
-        itile_q8_0(row, xt, xd, xs, xb, first, out)
+        unpack_q8_0(row, u, a, c)
     elif code == 7:
-        itile_q4_k(row, xt, xd, xs, xb, first, out)
+        unpack_q4_k(row, u, a, c)
     elif code == 8:
-        itile_q5_k(row, xt, xd, xs, xb, first, out)
+        unpack_q5_k(row, u, a, c)
     elif code == 11:
-        itile_mxfp4(row, xt, xd, xs, xb, first, out)
+        unpack_mxfp4(row, u, a, c)
     elif code == 9:
-        itile_q6_k(row, xt, xd, xs, xb, first, out)
+        unpack_q6_k(row, u, a, c)
     else:
-        _itile_low(row, code, xt, xd, xs, xb, first, out)
+        _unpack_low(row, code, u, a, c)
 
 
 @njit(inline="always", **SERIAL)
-def _itile_low(row, code, xt, xd, xs, xb, first, out):
-    """_itile of the low-bit and legacy formats."""
+def _unpack_low(row, code, u, a, c):
+    """_unpack of the low-bit and legacy formats."""
     if code == 0:
-        itile_q4_0(row, xt, xd, xs, xb, first, out)
+        unpack_q4_0(row, u, a, c)
     elif code == 1:
-        itile_q4_1(row, xt, xd, xs, xb, first, out)
+        unpack_q4_1(row, u, a, c)
     elif code == 2:
-        itile_q5_0(row, xt, xd, xs, xb, first, out)
+        unpack_q5_0(row, u, a, c)
     elif code == 3:
-        itile_q5_1(row, xt, xd, xs, xb, first, out)
+        unpack_q5_1(row, u, a, c)
     elif code == 5:
-        itile_q2_k(row, xt, xd, xs, xb, first, out)
+        unpack_q2_k(row, u, a, c)
     else:
-        itile_q3_k(row, xt, xd, xs, xb, first, out)
+        unpack_q3_k(row, u, a, c)
 
 
-@njit(inline="always", **SERIAL)   # called, not inlined: 1.85x the time of a Q4_K_M prefill on Zen 4
-def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, out, out2):
-    """Rows m0..m1 of group u's expert (and half + m0.. when where's half is set) against all
-    of its tiles, into res."""
+@njit(inline="always", **SERIAL)
+def _igemm(code, un, t, r0, t0, out):
+    """Unpacked rows r0 .. r0+3 of un = (u, a, c) against tiles t0 (and t0 + 1 where out has 8 rows)."""
+    u, a, c = un
     xt, xd, xs, xb = t
-    p0, count = offs[u], offs[u + 1] - offs[u]
-    for n in range(first[u], first[u + 1]):        # a tile's 16 tokens stay in L1 for all rows
-        lanes = min(LANES, count - (n - first[u]) * LANES)
-        p = p0 + (n - first[u]) * LANES
-        for m in range(m0, m1):
-            _itile(w[uniq[u], m], code, xt, xd, xs, xb, n, out)
-            if where[3]:                           # all 16 lanes: the exp vectorizes
-                _itile(w[uniq[u], where[3] + m], code, xt, xd, xs, xb, n, out2)
-                for j in range(LANES):
-                    out[0, j] = silu(out[0, j]) * out2[0, j]
-            for j in range(lanes):
-                put(res, where, p + j, m, out[0, j])
+    has_min = 1 if code == 1 or code == 3 or code == 5 or code == 7 or code == 8 else 0
+    if code == 5 or code == 6 or code == 9:
+        igemm_g16(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out)
+    else:
+        igemm_g32(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out)
+
+
+@njit(**SERIAL)   # called, not inlined: 1.85x the time of a Q4_K_M prefill on Zen 4 (the one-row kernels)
+def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, scratch):
+    """Rows m0..m1 of group u's expert (and half + m0.. when where's half is set) against all
+    of its tiles, into res: unpacked once, then 4 rows by 2 tiles a call."""
+    un, out, out2 = scratch
+    half, rows, p0, count = where[3], m1 - m0, offs[u], offs[u + 1] - offs[u]
+    for j in range(rows):
+        _unpack(w[uniq[u], m0 + j], code, un[0][j], un[1][j], un[2][j])
+        if half:
+            _unpack(w[uniq[u], half + m0 + j], code, un[0][ROWS + j], un[1][ROWS + j], un[2][ROWS + j])
+    for n in range(first[u], first[u + 1], 2):    # the tiles stay in L1 for the run's rows
+        pair = min(2, first[u + 1] - n)
+        o, o2 = out[:R * pair], out2[:R * pair]
+        for r in range(0, rows, R):               # rows past m1 are the last run's or zeros: not put
+            _igemm(code, un, t, r, n, o)
+            if half:                              # all 16 lanes: the exp vectorizes
+                _igemm(code, un, t, ROWS + r, n, o2)
+                for i in range(R * pair):
+                    for j in range(LANES):
+                        o[i, j] = silu(o[i, j]) * o2[i, j]
+            _put_rows(res, where, o, min(R, rows - r), pair, m0 + r, p0 + (n - first[u]) * LANES,
+                      count - (n - first[u]) * LANES)
+
+
+@njit(inline="always", **SERIAL)
+def _put_rows(res, where, o, rows, pair, m, p, left):
+    """o[j*pair + k, i] (row m + j, tile k's lane i: pair p + k*16 + i, `left` pairs from p on) into
+    res; where res's rows are the pairs (or tokens), its 4 adjacent columns per pair in turn."""
+    for k in range(pair):
+        lanes = min(LANES, left - k * LANES)
+        if where[0] == 1:
+            for j in range(rows):
+                for i in range(lanes):
+                    put(res, where, p + k * LANES + i, m + j, o[j * pair + k, i])
+        else:
+            for i in range(lanes):
+                for j in range(rows):
+                    put(res, where, p + k * LANES + i, m + j, o[j * pair + k, i])
 
 
 @njit(**HOT)
@@ -148,13 +185,15 @@ def _gemm(w, code, t, uniq, offs, first, res, where, n_runs):
     """For group u (weights w[uniq[u]] u8[M,K/V,B]), its lane j's product with row m goes to
     res as ``put`` says, pair p = offs[u] + j. In ``n_runs`` runs of equal
     row ranges, each over every group in turn: a group's tiles stay in L2 for the run's rows."""
-    M, U = where[3] if where[3] else w.shape[1], uniq.shape[0]
+    M, U, K, groups = where[3] if where[3] else w.shape[1], uniq.shape[0], t[0].shape[1] * 4, t[2].shape[1]
     chunks = (M + ROWS - 1) // ROWS
     for run in prange(n_runs):
-        out, out2 = np.empty((1, LANES), np.float32), np.empty((1, LANES), np.float32)
+        un = (np.zeros((2 * ROWS, K), np.uint8), np.zeros((2 * ROWS, groups), np.float32),
+              np.zeros((2 * ROWS, groups), np.float32))
+        scratch = (un, np.empty((2 * R, LANES), np.float32), np.empty((2 * R, LANES), np.float32))
         for u in range(U):
             for c in range(run * chunks // n_runs, (run + 1) * chunks // n_runs):
-                _rows(w, code, t, u, c * ROWS, min(c * ROWS + ROWS, M), uniq, offs, first, res, where, out, out2)
+                _rows(w, code, t, u, c * ROWS, min(c * ROWS + ROWS, M), uniq, offs, first, res, where, scratch)
 
 
 def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None, swiglu=False):

@@ -1,4 +1,4 @@
-"""kernels/qgemm.py: the int8 tile GEMM of quantized weights (kernels/_simd_itile.py) against its
+"""kernels/qgemm.py: the int8 tile GEMM of quantized weights (kernels/_simd_igemm.py) against its
 spec, the dequantized weights times the rounded activations, for every format it reads, through
 the grouped entry the experts use and on every vnni width this CPU can compile."""
 import numpy as np
@@ -67,21 +67,50 @@ def assert_added(added, got, rows, pw):
     np.testing.assert_allclose(added, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
+def _unpacked(w, fmt):
+    """Rows of w unpacked by the compiled unpack_* (u, a, c)."""
+    code, G = fmt.code, qgemm.GROUPS[fmt.code][0]
+    K = w.shape[1] * fmt.values
+    un = (np.zeros((w.shape[0], K), np.uint8), np.zeros((w.shape[0], K // G), np.float32),
+          np.zeros((w.shape[0], K // G), np.float32))
+    for j in range(w.shape[0]):
+        qgemm._unpack(w[j], code, un[0][j], un[1][j], un[2][j])
+    return un
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_the_python_spec_of_a_tile_agrees(name):
-    """_simd.itile_* run as Python (gguf-py's dequantize, then dots) give the compiled numbers."""
+def test_unpacked_rows_give_the_dequantized_values(name):
+    """a * (u - off) - c per group of G values is the row's spec (gguf-py's dequantize), every bit
+    pattern of random blocks; no mins: c = 0."""
+    rng = np.random.default_rng(4)
+    fmt = qformats.format_named(name)
+    w = blocks(rng, name, 3, 2 if fmt.values == 256 else 8)
+    G, off = qgemm.GROUPS[fmt.code]
+    u, a, c = _unpacked(w, fmt)
+    got = ((u.astype(np.float64) - off).reshape(3, -1, G) * a[:, :, None] - c[:, :, None]).reshape(3, -1)
+    want = np.stack([qformats.dequantize_ref(row) for row in w]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7 * np.abs(want).max())
+    assert (c == 0).all() == (fmt.code not in qgemm.MINS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("pair", [2, 1])
+def test_the_python_spec_of_the_products_agrees(name, pair):
+    """_simd.igemm_g* run as Python (float64 sums of the unpacked rows) give the compiled numbers,
+    4 rows against 2 tiles or 1 (the second tile's 4 tokens and the first's 16)."""
     rng = np.random.default_rng(3)
     fmt = qformats.format_named(name)
-    w = blocks(rng, name, 1, 2 if fmt.values == 256 else 8)
+    w = blocks(rng, name, 6, 2 if fmt.values == 256 else 8)
     x = activations(rng, 20, w.shape[1] * fmt.values)
     q, d, _ = qact.quantize(x)
-    src, first = qgemm.lane_sources(np.array([0, 20]), np.arange(20, dtype=np.int32))
+    src, _ = qgemm.lane_sources(np.array([0, 20]), np.arange(20, dtype=np.int32))
     t = qgemm.tiles(q, d, src, fmt.code)
-    spec = np.zeros((2, 16), np.float32)
-    getattr(_simd, f"itile_{name}")(w[0], *t, 0, spec)
-    got = qgemm.gemm(w[None], t, np.array([0], np.int32), np.array([0, 20], np.int32), first,
-                     np.empty((1, 20), np.float32), True)
-    np.testing.assert_allclose(got[0], spec.reshape(-1)[:20], rtol=2e-5, atol=1e-5 * np.abs(spec).max())
+    un = _unpacked(w, fmt)
+    has_min = int(fmt.code in qgemm.MINS)
+    spec, got = np.zeros((4 * pair, 16)), np.zeros((4 * pair, 16), np.float32)
+    getattr(_simd, f"igemm_g{qgemm.GROUPS[fmt.code][0]}")(*un, *t, 2, 2 - pair, has_min, spec)
+    qgemm._igemm(fmt.code, un, t, 2, 2 - pair, got)
+    np.testing.assert_allclose(got, spec, rtol=2e-5, atol=1e-5 * np.abs(spec).max())
 
 
 def test_tiles_lay_tokens_out_four_values_a_lane():
@@ -121,7 +150,8 @@ def test_every_vnni_width_gives_the_same_integers(path):
             u4 = builder.load(builder.bitcast(ua.data, it.ir.VectorType(it.I8, 32).as_pointer()), align=1)
             x = builder.load(builder.bitcast(sa.data, it.I8x64.as_pointer()), align=1)
             acc = it.ir.Constant(it.I32x16, list(range(-8, 8)))
-            sums = it._vnni16(builder, acc, it._broadcast4(builder, u4, 3), x, path)
+            word3 = it._lanes(builder, builder.bitcast(u4, it.ir.VectorType(it.I32, 8)), [3] * 16)
+            sums = it._vnni16(builder, acc, builder.bitcast(word3, it.I8x64), x, path)
             builder.store(sums, builder.bitcast(oa.data, it.I32x16.as_pointer()), align=4)
             return context.get_dummy_value()
         return types.none(u, s, out), codegen
