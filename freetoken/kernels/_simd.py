@@ -168,7 +168,7 @@ def head_scores(q, k, slots, j0, g, r0, scale, s):
 def _unpack_stub(name):
     """unpack_<name>(row, u, a, c): a quantized row's values as u u8[K] (a byte a value) and each
     group's a and c f32[K/G], the values being a*(u - off) - c (kernels/_simd_itile.py's groups,
-    off qgemm.GROUPS'; c = 0 where the format has no mins). Compiled only (kernels/_simd_igemm.py): the (u, a, c) are the
+    off from qgemm.GROUPS; c = 0 where the format has no mins). Compiled only (kernels/_simd_igemm.py): the (u, a, c) are the
     format's own fields, and what the spec fixes is igemm's result against the dequantized row
     (tests/kernels/test_qgemm.py)."""
     def unpack(row, u, a, c):

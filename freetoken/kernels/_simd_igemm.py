@@ -36,7 +36,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from freetoken.kernels import _simd
-from freetoken.kernels._simd_ir import F32, I32, I64, _contiguous, _function
+from freetoken.kernels._simd_ir import F32, I32, I64, _contiguous, _function, _splat
 from freetoken.kernels._simd_itile import F32x16, FORMATS, I8x64, I32x16, LANES, _vnni16, tile_path
 
 ROWS = 4                     # weight rows a call: 4 x 2 accumulators, each broadcast word feeds 2 tiles
@@ -45,12 +45,6 @@ ROWS = 4                     # weight rows a call: 4 x 2 accumulators, each broa
 def _at(builder, base, index, ty):
     """Pointer to a `ty` at element `index` of base."""
     return builder.bitcast(builder.gep(base, [index]), ty.as_pointer())
-
-
-def _splat(builder, value, ty):
-    zero = ir.Constant(ty, None)
-    return builder.shuffle_vector(builder.insert_element(zero, value, ir.Constant(I32, 0)), zero,
-                                  ir.Constant(I32x16, [0] * LANES))
 
 
 def _unpack(context, builder, sig, args, shape):
@@ -100,7 +94,7 @@ def _group_sums(op, tiles, g, path):
         xs = [op.tile_vec("xt", t, step, b.udiv(op.k, ir.Constant(I64, 4)), 64, I8x64) for t in range(tiles)]
         for j in range(ROWS):
             at = b.add(b.mul(b.add(op.r0, ir.Constant(I64, j)), op.k), b.mul(step, ir.Constant(I64, 4)))
-            word = b.bitcast(_splat(b, b.load(_at(b, op.u, at, I32), align=1), I32x16), I8x64)
+            word = b.bitcast(_splat(b, b.load(_at(b, op.u, at, I32), align=1), LANES), I8x64)
             for t in range(tiles):
                 sums[j][t] = _vnni16(b, sums[j][t], word, xs[t], path)
     return sums
@@ -117,8 +111,8 @@ def _products(op, tiles, with_mins, path):
         xd = [op.tile_vec("xd", t, at32, b.udiv(op.k, ir.Constant(I64, 32)), LANES, F32x16) for t in range(tiles)]
         xs = [op.tile_vec("xs", t, g, op.groups, LANES, F32x16) for t in range(tiles)] if with_mins else None
         for j in range(ROWS):
-            a = _splat(b, op.group_scalar("a", j, g), F32x16)
-            c = _splat(b, op.group_scalar("c", j, g), F32x16) if with_mins else None
+            a = _splat(b, op.group_scalar("a", j, g), LANES)
+            c = _splat(b, op.group_scalar("c", j, g), LANES) if with_mins else None
             for t in range(tiles):
                 acc = b.call(fma, [b.sitofp(sums[j][t], F32x16), b.fmul(a, xd[t]), b.load(accs[j][t])])
                 b.store(b.fsub(acc, b.fmul(c, xs[t])) if with_mins else acc, accs[j][t])

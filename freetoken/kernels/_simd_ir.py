@@ -70,7 +70,8 @@ def _lanes(builder, vector, picks):
 
 
 def _splat(builder, value, n=LANES):
-    one = builder.insert_element(ir.Constant(ir.VectorType(F32, n), None), value, ir.Constant(I32, 0))
+    """value (a float or an integer) in all n lanes."""
+    one = builder.insert_element(ir.Constant(ir.VectorType(value.type, n), None), value, ir.Constant(I32, 0))
     return _lanes(builder, one, [0] * n)
 
 

@@ -1,6 +1,6 @@
 """What the int8 tile GEMM (kernels/_simd_igemm.py) reads of each GGUF block format: a block's
-groups of G values as (u, a, c) LLVM values, the values being a*u - c with u the unsigned quants
-(bytes) and a, c fp32 (kernels/qgemm.py's GROUPS: G and the offset the tiles take off u; the AMX
+groups of G values as (u, a, c) LLVM values, the values being a*(u - off) - c with u the unsigned
+quants (bytes) and a, c fp32 (kernels/qgemm.py's GROUPS: G and the offset the tiles take off u; the AMX
 tiles, kernels/_amx.py, read the same groups), and vpdpbusd at each width this CPU compiles.
 Imported only by _simd.register, once numba is loaded."""
 from llvmlite import ir

@@ -128,35 +128,39 @@ def _unpack_low(row, code, u, a, c):
         unpack_q3_k(row, u, a, c)
 
 
+def kind_of(code: int) -> tuple:
+    """(code, G, has_min) of a format: what _gemm's kernels read of it (GROUPS, MINS)."""
+    return np.int64(code), np.int64(GROUPS[code][0]), np.int64(code in MINS)
+
+
 @njit(inline="always", **SERIAL)
-def _igemm(code, un, t, r0, t0, out):
+def _igemm(kind, un, t, r0, t0, out):
     """Unpacked rows r0 .. r0+3 of un = (u, a, c) against tiles t0 (and t0 + 1 where out has 8 rows)."""
     u, a, c = un
     xt, xd, xs, xb = t
-    has_min = 1 if code == 1 or code == 3 or code == 5 or code == 7 or code == 8 else 0
-    if code == 5 or code == 6 or code == 9:
-        igemm_g16(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out)
+    if kind[1] == 16:
+        igemm_g16(u, a, c, xt, xd, xs, xb, r0, t0, kind[2], out)
     else:
-        igemm_g32(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out)
+        igemm_g32(u, a, c, xt, xd, xs, xb, r0, t0, kind[2], out)
 
 
 @njit(**SERIAL)   # called, not inlined: 1.85x the time of a Q4_K_M prefill on Zen 4 (the one-row kernels)
-def _rows(w, code, t, u, m0, m1, uniq, offs, first, res, where, scratch):
+def _rows(w, kind, t, u, m0, m1, uniq, offs, first, res, where, scratch):
     """Rows m0..m1 of group u's expert (and half + m0.. when where's half is set) against all
     of its tiles, into res: unpacked once, then 4 rows by 2 tiles a call."""
     un, out, out2 = scratch
     half, rows, p0, count = where[3], m1 - m0, offs[u], offs[u + 1] - offs[u]
     for j in range(rows):
-        _unpack(w[uniq[u], m0 + j], code, un[0][j], un[1][j], un[2][j])
+        _unpack(w[uniq[u], m0 + j], kind[0], un[0][j], un[1][j], un[2][j])
         if half:
-            _unpack(w[uniq[u], half + m0 + j], code, un[0][ROWS + j], un[1][ROWS + j], un[2][ROWS + j])
+            _unpack(w[uniq[u], half + m0 + j], kind[0], un[0][ROWS + j], un[1][ROWS + j], un[2][ROWS + j])
     for n in range(first[u], first[u + 1], 2):    # the tiles stay in L1 for the run's rows
         pair = min(2, first[u + 1] - n)
         o, o2 = out[:R * pair], out2[:R * pair]
         for r in range(0, rows, R):               # rows past m1 are the last run's or zeros: not put
-            _igemm(code, un, t, r, n, o)
+            _igemm(kind, un, t, r, n, o)
             if half:                              # all 16 lanes: the exp vectorizes
-                _igemm(code, un, t, ROWS + r, n, o2)
+                _igemm(kind, un, t, ROWS + r, n, o2)
                 for i in range(R * pair):
                     for j in range(LANES):
                         o[i, j] = silu(o[i, j]) * o2[i, j]
@@ -181,9 +185,9 @@ def _put_rows(res, where, o, rows, pair, m, p, left):
 
 
 @njit(**HOT)
-def _gemm(w, code, t, uniq, offs, first, res, where, n_runs):
-    """For group u (weights w[uniq[u]] u8[M,K/V,B]), its lane j's product with row m goes to
-    res as ``put`` says, pair p = offs[u] + j. In ``n_runs`` runs of equal
+def _gemm(w, kind, t, uniq, offs, first, res, where, n_runs):
+    """For group u (weights w[uniq[u]] u8[M,K/V,B], the format ``kind_of`` gives), its lane j's
+    product with row m goes to res as ``put`` says, pair p = offs[u] + j. In ``n_runs`` runs of equal
     row ranges, each over every group in turn: a group's tiles stay in L2 for the run's rows."""
     M, U, K, groups = where[3] if where[3] else w.shape[1], uniq.shape[0], t[0].shape[1] * 4, t[2].shape[1]
     chunks = (M + ROWS - 1) // ROWS
@@ -193,7 +197,7 @@ def _gemm(w, code, t, uniq, offs, first, res, where, n_runs):
         scratch = (un, np.empty((2 * R, LANES), np.float32), np.empty((2 * R, LANES), np.float32))
         for u in range(U):
             for c in range(run * chunks // n_runs, (run + 1) * chunks // n_runs):
-                _rows(w, code, t, u, c * ROWS, min(c * ROWS + ROWS, M), uniq, offs, first, res, where, scratch)
+                _rows(w, kind, t, u, c * ROWS, min(c * ROWS + ROWS, M), uniq, offs, first, res, where, scratch)
 
 
 def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None, swiglu=False):
@@ -212,5 +216,5 @@ def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None, swiglu=False):
 
 def vnni(w, code, t, uniq, offs, first, res, where):
     """``gemm`` on the VNNI tiles whatever the CPU has (format ``code``; where: ``into``'s)."""
-    _gemm(w, code, t, uniq, offs, first, res, where, runs(where[3] or w.shape[1], ROWS))
+    _gemm(w, kind_of(code), t, uniq, offs, first, res, where, runs(where[3] or w.shape[1], ROWS))
     return res

@@ -109,7 +109,7 @@ def test_the_python_spec_of_the_products_agrees(name, pair):
     has_min = int(fmt.code in qgemm.MINS)
     spec, got = np.zeros((4 * pair, 16)), np.zeros((4 * pair, 16), np.float32)
     getattr(_simd, f"igemm_g{qgemm.GROUPS[fmt.code][0]}")(*un, *t, 2, 2 - pair, has_min, spec)
-    qgemm._igemm(fmt.code, un, t, 2, 2 - pair, got)
+    qgemm._igemm(qgemm.kind_of(fmt.code), un, t, 2, 2 - pair, got)
     np.testing.assert_allclose(got, spec, rtol=2e-5, atol=1e-5 * np.abs(spec).max())
 
 
