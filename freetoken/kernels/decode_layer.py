@@ -170,26 +170,14 @@ def _experts_into(h, ids, weights, gate_up, down, codes, int8s, rows_gu, rows_dn
 
 # ---- the Python side: what the kernel is given, once a step and once a weight -----------------
 
-_kinds: dict = {}           # id(weight array, or a tuple's first part) -> (its weakref, dots, kind)
 _last_step: list = [(None, 0, None)]    # (the last step's batch, its thread count, its arrays): one
                                         # tuple, read and replaced whole (a step runs on one thread)
-
-
-def _kept(w, dots, kind_of):
-    """kind_of(w, dots), kept per array (w's first part for a tuple) while the array lives: the
-    format lookups cost microseconds a call."""
-    key = w[0] if isinstance(w, tuple) else w
-    hit = _kinds.get(id(key))
-    if hit is None or hit[0]() is not key or hit[1] != dots:
-        hit = (weakref.ref(key, lambda _, k=id(key): _kinds.pop(k, None)), dots, kind_of(w, dots))
-        _kinds[id(key)] = hit
-    return hit[2]
 
 
 def weight_slots(w, dots):
     """_linear_into's slots for weight w (an array, or a tuple of parts) under ``dots``, or None
     when the cpu ops would not run it as one row GEMV call."""
-    kind = _kept(w, dots, _kind_of)
+    kind = _kind_of(w, dots)
     if kind is None or (kind[0] == "pair") != isinstance(w, tuple):
         return None
     if kind[0] == "pair":
@@ -216,7 +204,7 @@ def bank_slots(bank, dots):
     """_layer's bank for a host bank (gate_up, down) under ``dots``, or None when experts.cpu
     would not run it at one token as experts_quant's _decode (quantized) or _pairs_gemv (bf16
     rows read as pairs; --cpu-dots int8 rounds to bf16 before each bank, experts_bf16.wants_bf16)."""
-    kind = _kept(bank, dots, _bank_kind)
+    kind = _bank_kind(bank, dots)
     if kind == "pairs":
         return None, None, (0, 0), (False, False), weight_rows(bank[0]), weight_rows(bank[1]), dots == "int8"
     return None if kind is None else (np.ascontiguousarray(bank[0]), np.ascontiguousarray(bank[1]), *kind,
@@ -260,22 +248,49 @@ def cpu(x, lw, k_cache, v_cache, batch, inv_freq, eps, scale, dims, route=None, 
     if (batch.prefill or T == 0 or T >= FUSED_MAX_T or k_cache.dtype != v_cache.dtype
             or x.dtype != np.float32 or not x.flags.c_contiguous):
         return None
-    qkv_w, o_w = weight_slots(lw.qkv, dots), weight_slots(lw.o_proj, dots)
-    if qkv_w is None or o_w is None:
+    layer = layer_slots(lw, dots, route is not None, bank)
+    if layer is None:
         return None
-    router_w = None if route is None or lw.router is None else weight_slots(lw.router, dots)
+    qkv_w, o_w, router_w, experts, norms = layer
     routing = (None, None, None) if router_w is None else (
         np.empty((T, lw.router.shape[0]), np.float32), np.empty((T, route[0]), np.int32),
         np.empty((T, route[0]), np.float32))
     positions, slots, slot_table, tok_seq, chunks = step_arrays(batch)
     h = np.empty_like(x)
-    experts = None if bank is None or router_w is None or T != 1 else bank_slots(bank, dots)
-    args = (x, (lw.input_norm, lw.post_norm), np.float32(eps), qkv_w, o_w, lw.q_norm, lw.k_norm, dims,
+    experts = experts if T == 1 else None
+    args = (x, norms, np.float32(eps), qkv_w, o_w, lw.q_norm, lw.k_norm, dims,
             positions, inv_freq, k_cache, v_cache, slots, slot_table, tok_seq, np.float32(scale), chunks, h,
             router_w, bool(route[1]) if route else False, *routing)
     status, where = _attention_half(*args) if experts is None else _layer(*args, experts)
     _raise_for(status, where, slots, k_cache.shape[0])
     return h, (None if router_w is None else routing[1:]), experts is not None
+
+
+_layers: dict = {}          # id(lw) -> (its weakref, dots, routed, the bank's first array or None, slots)
+
+
+def layer_slots(lw, dots, routed, bank):
+    """(qkv_w, o_w, router_w, experts, norms) of layer weights lw for the kernels, or None when
+    they are not this kernel's: the slots of weight_slots and bank_slots (experts None without a
+    bank, a route or a bank of this kernel's kinds), kept per layer while lw lives. Why: building
+    them each call was ~8 us a layer, cold-cache Python between two 400-us kernels (Q4_0 medium,
+    Zen 4 VM)."""
+    first = None if bank is None else bank[0]
+    hit = _layers.get(id(lw))
+    if hit is None or hit[0]() is not lw or hit[1] != dots or hit[2] != routed or hit[3] is not first:
+        hit = (weakref.ref(lw, lambda _, k=id(lw): _layers.pop(k, None)), dots, routed, first,
+               _build_slots(lw, dots, routed, bank))
+        _layers[id(lw)] = hit
+    return hit[4]
+
+
+def _build_slots(lw, dots, routed, bank):
+    qkv_w, o_w = weight_slots(lw.qkv, dots), weight_slots(lw.o_proj, dots)
+    if qkv_w is None or o_w is None:
+        return None
+    router_w = None if not routed or lw.router is None else weight_slots(lw.router, dots)
+    experts = None if bank is None or router_w is None else bank_slots(bank, dots)
+    return qkv_w, o_w, router_w, experts, (lw.input_norm, lw.post_norm)
 
 
 def _raise_for(status, where, slots, n_slots):

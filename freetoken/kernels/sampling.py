@@ -92,11 +92,23 @@ def _sorted_prefix(p, m):
     return cand[np.argsort(-p[cand], kind="stable")]
 
 
+@njit(cache=True, nogil=True)
+def _argmax(z):
+    """_greedy in one pass and no temporaries: the first maximum, a NaN never taken (so a row of
+    NaN and -inf gives 0, as NaN read as -inf does). Why: _greedy's three passes over 8k logits
+    were ~35 us of a decode step (Q4_0 medium, Zen 4 VM), cold-cache numpy after the layers."""
+    best, at = -np.inf, 0
+    for i in range(z.shape[0]):
+        if z[i] > best:
+            best, at = z[i], i
+    return at
+
+
 def _cpu_row(z, temperature, top_k, top_p, min_p, u):
     """``_ref_row`` without sorting the vocabulary: filter a sorted prefix of the order, and
     double it until the kept set ends inside it (or, with no filter, the CDF passes u)."""
     if temperature <= 0 or _no_distribution(z, temperature):
-        return _greedy(z)
+        return int(_argmax(np.asarray(z, np.float32)))
     p = _probs(z, temperature)
     V = p.shape[0]
     m = max(FIRST_PREFIX, top_k if 0 < top_k < V else 0)
