@@ -44,6 +44,9 @@ class Ops:
     # the attention half of a Qwen3-MoE decode layer in one call (kernels/decode_layer.py), or None
     # where the model composes the ops (ref, cuda); it returns None for a step it does not take
     decode_layer: Callable | None = None
+    # every layer of a one-token Qwen3-MoE decode step in one call (kernels/decode_stack.py), or
+    # None; it returns None for a step or a model it does not take
+    decode_stack: Callable | None = None
 
     def to_device(self, a):
         """Host array -> the backend's array type (a no-op for numpy backends)."""
@@ -154,6 +157,7 @@ def get_ops(name: str, *, cpu_dots: str = "f32", fused_decode: bool = True) -> O
         if cpu_dots == "int8":          # and bf16 experts' activations rounded to bf16 (experts_bf16.py)
             ops["experts"] = functools.partial(ops["experts"], bf16=True)
     if name == "cpu" and fused_decode:
-        from freetoken.kernels import decode_layer
+        from freetoken.kernels import decode_layer, decode_stack
         ops["decode_layer"] = functools.partial(decode_layer.cpu, dots=cpu_dots)
+        ops["decode_stack"] = functools.partial(decode_stack.cpu, dots=cpu_dots)
     return Ops(name=name, xp=xp, **ops)

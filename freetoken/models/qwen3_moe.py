@@ -33,12 +33,31 @@ class Qwen3Moe:
         """Run every layer over the batch's new tokens; returns f32[B, V] logits."""
         ops = self.ops
         x = ops.embedding(batch.ids, self.w.embed)                       # [T, H]
-        for layer, lw in enumerate(self.w.layers):
-            x, h, routing, experts_added = self._attention_half(layer, lw, x, batch)
-            if not experts_added:
-                x = x + self._mlp(layer, lw, h, batch, routing)
+        if not self._decode_stack(x, batch):
+            for layer, lw in enumerate(self.w.layers):
+                x, h, routing, experts_added = self._attention_half(layer, lw, x, batch)
+                if not experts_added:
+                    x = x + self._mlp(layer, lw, h, batch, routing)
         last = ops.rms_norm(x[batch.last_index], self.w.final_norm, self.cfg.rms_norm_eps)  # [B, H]
         return ops.linear(last, self.w.lm_head)                          # [B, V]
+
+    def _decode_stack(self, x, batch: ForwardBatch) -> bool:
+        """Whether every layer ran on x in place in one call (ops.decode_stack, where the backend
+        has one and takes the step: one token, every layer's routed experts on the CPU), the MoE
+        runtime's counters told each layer's route as routed_inline tells them."""
+        ops, cfg = self.ops, self.cfg
+        if ops.decode_stack is None or batch.prefill or x.shape[0] != 1:
+            return False
+        banks = [None if lw.router is None else self.moe.inline_bank(self.moe_index[layer], False)
+                 for layer, lw in enumerate(self.w.layers)]
+        ids = ops.decode_stack(x, self.w.layers, self.kv, banks, batch, self.inv_freq, cfg.rms_norm_eps, self.scale,
+                               (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+                               (cfg.num_experts_per_tok, cfg.norm_topk_prob))
+        if ids is None:
+            return False
+        for layer, j in self.moe_index.items():              # every layer is a MoE layer here
+            self.moe.routed_inline(j, ids[layer])
+        return True
 
     def _attention_half(self, layer: int, lw, x, batch: ForwardBatch):
         """(x + attention, its post-attention norm h, the router's (ids, weights) of h or None,
