@@ -35,8 +35,8 @@ def _stack(x, layers, k_pool, v_pool, eps, dims, positions, inv_freq, slots, slo
     """x f32[T,H] through each layer of ``layers`` (per layer: norms, qkv_w, o_w, q_norm, k_norm,
     router_w, experts, as _layer takes them), k_pool/v_pool [L,N,G,D]; layer l's route goes to
     ids int32[L,T,k] and weights f32[L,T,k], logits f32[T,E] is the routers' scratch. Returns
-    (status, where, layer): OK, or _layer's bad status at that layer (the first layer, before
-    anything is written: every layer checks the same slots)."""
+    (status, where): OK, or _layer's bad status (at the first layer, before anything is written:
+    every layer checks the same slots)."""
     h = np.empty_like(x)
     for layer in range(len(layers)):
         lw = layers[layer]
@@ -44,8 +44,8 @@ def _stack(x, layers, k_pool, v_pool, eps, dims, positions, inv_freq, slots, slo
                         v_pool[layer], slots, slot_table, tok_seq, scale, chunks, h, lw[5], norm_topk, logits,
                         ids[layer], weights[layer], lw[6])
         if status[0] != OK:
-            return status[0], status[1], layer
-    return OK, 0, -1
+            return status
+    return OK, 0
 
 
 def cpu(x, layers, kv, banks, batch, inv_freq, eps, scale, dims, route, *, dots="f32"):
@@ -55,8 +55,8 @@ def cpu(x, layers, kv, banks, batch, inv_freq, eps, scale, dims, route, *, dots=
     the runtime's counters), or None when the step is not this kernel's and the caller runs the
     layers one by one."""
     if (batch.prefill or x.shape[0] != 1 or x.dtype != np.float32 or not x.flags.c_contiguous
-            or kv.k.dtype != kv.v.dtype):
-        return None
+            or kv.k.dtype != kv.v.dtype or kv.k.ndim != 4 or kv.k.shape[0] != len(layers)):
+        return None                     # (the kernel indexes the pool by layer, unchecked)
     uniform = stack_slots(layers, banks, dots)
     if uniform is None:
         return None
@@ -64,34 +64,30 @@ def cpu(x, layers, kv, banks, batch, inv_freq, eps, scale, dims, route, *, dots=
     ids, weights = np.empty((L, 1, k), np.int32), np.empty((L, 1, k), np.float32)
     logits = np.empty((1, layers[0].router.shape[0]), np.float32)
     positions, slots, slot_table, tok_seq, chunks = step_arrays(batch)
-    status, where, _ = _stack(x, uniform, kv.k, kv.v, np.float32(eps), dims, positions, inv_freq, slots, slot_table,
+    status, where = _stack(x, uniform, kv.k, kv.v, np.float32(eps), dims, positions, inv_freq, slots, slot_table,
                               tok_seq, np.float32(scale), chunks, bool(route[1]), logits, ids, weights)
     _raise_for(status, where, slots, kv.k.shape[1])
     return ids
 
 
-_kept: list = [None]    # (weakref of layers[0], dots, the banks' first arrays, the tuple or None)
+_kept: dict = {}    # id(layers[0]) -> (weakrefs of the layers, dots, the banks' first arrays, the tuple or None)
 
 
 def stack_slots(layers, banks, dots):
     """The per-layer slots as one tuple of one numba type, or None (see the module doc); made once
-    per model, ``dots`` and banks (the entry, which holds their arrays, goes when layers[0] does)."""
+    per model, ``dots`` and banks, and kept while the model's first layer lives (the entry holds
+    the weights' arrays)."""
     firsts = [None if b is None else b[0] for b in banks]
-    hit = _kept[0]
-    if (hit is None or hit[0]() is not layers[0] or hit[1] != dots or len(hit[2]) != len(firsts)
-            or any(a is not b for a, b in zip(hit[2], firsts))):
+    hit = _kept.get(id(layers[0]))
+    if (hit is None or len(hit[0]) != len(layers) or any(r() is not lw for r, lw in zip(hit[0], layers))
+            or hit[1] != dots or any(a is not b for a, b in zip(hit[2], firsts))):
         uniform, why = _uniform(layers, banks, dots)
         logger.info("cpu decode: %s", "every layer in one call (kernels/decode_stack.py)" if uniform is not None
                     else f"one call a layer ({why})")
-        hit = _kept[0] = (weakref.ref(layers[0], _forget), dots, firsts, uniform)
+        key = id(layers[0])
+        refs = [weakref.ref(layers[0], lambda _: _kept.pop(key, None))] + [weakref.ref(lw) for lw in layers[1:]]
+        hit = _kept[key] = (refs, dots, firsts, uniform)
     return hit[3]
-
-
-def _forget(ref):
-    """layers[0] is gone: drop its entry (and with it the weights the tuple holds), unless a newer
-    model's has taken its place."""
-    if _kept[0] is not None and _kept[0][0] is ref:
-        _kept[0] = None
 
 
 def _uniform(layers, banks, dots):

@@ -92,7 +92,7 @@ def _sorted_prefix(p, m):
     return cand[np.argsort(-p[cand], kind="stable")]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)    # no fastmath (kernels/_numba's SERIAL): it may assume NaN away
 def _argmax(z):
     """_greedy in one pass and no temporaries: the first maximum, a NaN never taken (so a row of
     NaN and -inf gives 0, as NaN read as -inf does). Why: _greedy's three passes over 8k logits

@@ -107,6 +107,11 @@ class RecordingMoE:
             self.recorder.record(j, ids)
         return self.moe.forward(j, x, ids, weights, prefill)
 
+    def routed_inline(self, j, ids):
+        """A decode route whose experts a kernel ran itself (the cpu backend's one-call layers)."""
+        self.recorder.record(j, ids)
+        return self.moe.routed_inline(j, ids)
+
     def __getattr__(self, name):
         return getattr(self.moe, name)
 

@@ -56,18 +56,43 @@ def test_two_sequences_go_layer_by_layer():
     composed = LLM(model, backend="cpu", moe_backend="cpu", cpu_decode_layer=False, **options)
     stacked = LLM(model, backend="cpu", moe_backend="cpu", cpu_decode_layer=True, **options)
     assert _outputs(stacked, PROMPTS) == _outputs(composed, PROMPTS)
-    core, cfg = stacked.core, stacked.core.model_config
+    assert _stack_call(stacked, np.zeros((2, stacked.core.model_config.hidden_size), np.float32),
+                       _batch(2, False)) is None
+
+
+def _stack_call(llm, x, batch):
+    core, cfg = llm.core, llm.core.model_config
     banks = [core.model.moe.inline_bank(j, False) for j in range(len(core.weights.layers))]
-    x = np.zeros((2, cfg.hidden_size), np.float32)
-    assert core.ops.decode_stack(x, core.weights.layers, core.kv, banks, _batch(2, False), core.model.inv_freq,
-                                 1e-6, 0.25, (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim), (2, True)) is None
+    return core.ops.decode_stack(x, core.weights.layers, core.kv, banks, batch, core.model.inv_freq,
+                                 cfg.rms_norm_eps, cfg.head_dim ** -0.5, (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+                                 (cfg.num_experts_per_tok, cfg.norm_topk_prob))
 
 
-def test_prefill_is_declined():
+def test_prefill_is_declined_and_writes_nothing():
     llm = LLM("synth:tiny", backend="cpu", moe_backend="cpu")
-    model, cfg = llm.core.model, llm.core.model_config
-    x = np.zeros((4, cfg.hidden_size), np.float32)
-    assert not model._decode_stack(x, _batch(4, True))
+    x = np.ones((1, llm.core.model_config.hidden_size), np.float32)
+    before = llm.core.kv.k.copy()
+    assert _stack_call(llm, x, _batch(1, True)) is None
+    assert _stack_call(llm, x, _batch(1, False)) is not None            # the same step as decode: taken
+    assert (x != 1).any() and not np.array_equal(llm.core.kv.k, before)
+
+
+def test_one_array_qkv_is_split_where_other_layers_have_two_parts():
+    """The q4_k_m fixture mixes the two forms (its first layer one q4_k array, its second a
+    q|k + v pair); _qkv_as_parts splits the one array at the pairs' row and leaves other
+    slots alone."""
+    llm = LLM(CASES["q4_k and a q|k + v pair"][0], backend="cpu", moe_backend="cpu")
+    assert [type(lw.qkv) for lw in llm.core.weights.layers] == [np.ndarray, tuple]
+    one, pair = np.zeros((6, 2, 144), np.uint8), (np.zeros((4, 2, 144), np.uint8), np.zeros((2, 2, 210), np.uint8))
+    rows = np.zeros((6, 8), np.uint32)
+    layers = [("n", (one, 7, True, None, 0, False, None, None)), ("n", (pair[0], 7, True, pair[1], 9, True, None, None)),
+              ("n", (None, 0, False, None, 0, False, rows, None))]
+    split = decode_stack._qkv_as_parts(layers)
+    q0, c0, i0, q1, c1, i1 = split[0][1][:6]
+    assert q0.base is one and q1.base is one and q0.shape[0] == 4 and q1.shape[0] == 2 and (c0, i0, c1, i1) == (7, True, 7, True)
+    assert split[1] == layers[1] and split[2] == layers[2]
+    two_splits = [layers[0], layers[1], ("n", (pair[0][:3], 7, True, pair[1], 9, True, None, None))]
+    assert decode_stack._qkv_as_parts(two_splits) == two_splits      # pairs split at two rows: as given
 
 
 @pytest.mark.parametrize("slots, table, message", [
@@ -76,9 +101,21 @@ def test_prefill_is_declined():
 ])
 def test_bad_slots_raise_the_ops_errors_and_write_nothing(slots, table, message):
     llm = LLM("synth:tiny", backend="cpu", moe_backend="cpu")
-    model, cfg, kv = llm.core.model, llm.core.model_config, llm.core.kv
+    cfg, kv = llm.core.model_config, llm.core.kv
     x = np.ones((1, cfg.hidden_size), np.float32)
     before = kv.k.copy(), kv.v.copy()
     with pytest.raises(IndexError, match=message):
-        model._decode_stack(x, _batch(1, False, slots, table))
+        _stack_call(llm, x, _batch(1, False, slots, table))
     assert (x == 1).all() and np.array_equal(kv.k, before[0]) and np.array_equal(kv.v, before[1])
+
+
+def test_a_routing_trace_records_the_routes_run_in_the_call():
+    """record_routing on a cpu engine: every one-token decode step's routes reach the trace (the
+    experts ran inside the kernel call, reported through routed_inline)."""
+    from freetoken import SamplingParams
+    llm = LLM("synth:tiny", backend="cpu", moe_backend="cpu")
+    llm.core.record_routing()
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=5, ignore_eos=True))
+    trace = llm.core.recorder.trace()
+    L = len(llm.core.model_config.moe_layers)
+    assert len(trace.ids) == 4 * L and sorted(set(trace.layer.tolist())) == list(range(L))
