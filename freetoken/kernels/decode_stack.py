@@ -84,9 +84,8 @@ def stack_slots(layers, banks, dots):
         uniform, why = _uniform(layers, banks, dots)
         logger.info("cpu decode: %s", "every layer in one call (kernels/decode_stack.py)" if uniform is not None
                     else f"one call a layer ({why})")
-        key = id(layers[0])
-        refs = [weakref.ref(layers[0], lambda _: _kept.pop(key, None))] + [weakref.ref(lw) for lw in layers[1:]]
-        hit = _kept[key] = (refs, dots, firsts, uniform)
+        refs = [weakref.ref(lw, None if i else lambda _, key=id(lw): _kept.pop(key, None)) for i, lw in enumerate(layers)]
+        hit = _kept[id(layers[0])] = (refs, dots, firsts, uniform)
     return hit[3]
 
 
