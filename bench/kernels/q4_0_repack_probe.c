@@ -71,7 +71,7 @@ void rows8_repacked(const uint8_t* R, const int8_t* xq, const float* xd, const f
   _mm256_storeu_ps(out,_mm256_fmadd_ps(off,_mm256_set1_ps(-8.f),acc));
 }
 int main(int argc, char** argv){
-  int rows = ROWS; int stride=18*NB; int big = argc>1; size_t nrows = big? 65536: ROWS;
+  int stride=18*NB; int big = argc>1; size_t nrows = big? 65536: ROWS;
   uint8_t* W=aligned_alloc(64,nrows*stride+64); for(size_t i=0;i<nrows*stride;i++) W[i]=rand();
   for(size_t r=0;r<nrows;r++){ for(int b=0;b<NB;b++){uint16_t h=0x2c00+(rand()%64); memcpy(W+r*stride+18*b,&h,2);}}
   uint8_t* R=aligned_alloc(64,nrows/8*NB*RB+64);

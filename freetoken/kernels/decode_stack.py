@@ -95,9 +95,9 @@ def _uniform(layers, banks, dots):
     per_layer = []
     for lw, bank in zip(layers, banks):
         slots = None if bank is None else layer_slots(lw, dots, True, bank)
-        if slots is None or slots[2] is None or slots[3] is None:
+        qkv_w, o_w, router_w, experts, norms = slots or (None,) * 5
+        if router_w is None or experts is None:
             return None, "a layer without routed experts on the CPU, or weights the one-layer call does not take"
-        qkv_w, o_w, router_w, experts, norms = slots
         per_layer.append((norms, qkv_w, o_w, lw.q_norm, lw.k_norm, router_w, experts))
     per_layer = _qkv_as_parts(per_layer)
     if len({typeof(t) for t in per_layer}) != 1:
