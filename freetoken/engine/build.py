@@ -1,11 +1,14 @@
 """What EngineCore builds from a loaded model and its plan (engine/plan.py): device weights, the KV
 pool, a GDN model's recurrent-state pool and checkpoint pool, the prefix cache, the Scheduler's
-recurrent-state seam, and the model object (through the architecture registry). Builds; never decides.
+recurrent-state seam, and the model object (through the architecture registry). Builds; never decides,
+but for one thing the CPU itself settles: whether the cpu backend's q4_0 expert banks are interleaved
+(``interleaved_experts``, logged).
 
 Shape legend: La full-attention layers (all layers of a Qwen3-MoE), G kv heads, D head dim.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import fields, replace
 
 import numpy as np
@@ -29,9 +32,12 @@ def prepare_host(ops, config, cfg) -> None:
         reuse_freed_scratch(logger)
 
 
-def place_weights(ops, weights):
+def place_weights(ops, weights, config=None):
     """Non-expert weights go to the backend's device; routed experts stay in host memory (the
-    MoE runtime decides where they run). A no-op on the numpy backends."""
+    MoE runtime decides where they run). The cpu backend keeps them in place, its q4_0 expert
+    banks interleaved for its kernels when ``config`` asks (interleaved_experts)."""
+    if ops.name == "cpu" and config is not None and config.cpu_interleave_experts:
+        return interleaved_experts(weights, config.cpu_dots)
     if ops.name != "cuda":
         return weights
     dev = _dense_to(ops.to_device)
@@ -39,6 +45,31 @@ def place_weights(ops, weights):
     lm_head = embed if weights.lm_head is weights.embed else dev(weights.lm_head)
     return replace(weights, embed=embed, final_norm=dev(weights.final_norm), lm_head=lm_head,
                    layers=tuple(placed(lw, dev) for lw in weights.layers))
+
+
+def interleaved_experts(weights, dots):
+    """weights with each MoE layer's q4_0 expert banks rewritten in place as kernels/qinterleave.py's
+    16-row groups, when the cpu kernels read that layout here: int8 dots and the int8 tile GEMM on
+    VNNI (qgemm.fast_here; elsewhere prefill dequantizes rows for BLAS, which takes the file's
+    layout). Logged either way when there is a q4_0 bank."""
+    from freetoken.kernels import qgemm
+    from freetoken.kernels.qinterleave import can_interleave, interleave
+    banks = [f for lw in weights.layers if lw.router is not None for f in ("gate_up", "down")
+             if can_interleave(getattr(lw, f))]
+    if not banks:
+        return weights
+    if dots != "int8" or not qgemm.fast_here():
+        why = "--cpu-dots f32" if dots != "int8" else "no VNNI here: prefill dequantizes the rows for BLAS"
+        logger.info("cpu experts: q4_0 banks kept in the file's layout (%s)", why)
+        return weights
+    start = time.perf_counter()
+    layers = tuple(replace(lw, **{f: interleave(getattr(lw, f)) for f in ("gate_up", "down")
+                                  if can_interleave(getattr(lw, f))}) if lw.router is not None else lw
+                   for lw in weights.layers)
+    logger.info("cpu experts: %d q4_0 banks interleaved 16 rows at a time, in place, in %.2f s "
+                "(decode dots 16 rows a step; --no-cpu-interleave-experts keeps the file's layout)",
+                len(banks), time.perf_counter() - start)
+    return replace(weights, layers=layers)
 
 
 def _dense_to(to_device):

@@ -56,7 +56,7 @@ class EngineCore:
         self.plan = make_plan(cfg, config, self.facts)
         self.max_model_len = self.plan.context_len      # a resize never changes it
         self.ops = get_ops(self.plan.compute, cpu_dots=config.cpu_dots, fused_decode=config.cpu_decode_layer)
-        self.weights = build.place_weights(self.ops, self.weights)
+        self.weights = build.place_weights(self.ops, self.weights, config)
         self.moe = self._make_moe()                # plans again if pinning the host pool failed
         _log_plan(self.plan)
         build.prepare_host(self.ops, config, cfg)

@@ -126,6 +126,16 @@ def idot_mxfp4(row, xq, xd, xs):
     return _spec_idot(row, xq, xd, "MXFP4")
 
 
+def idot_q4_0x16(entries, xq, xd, xs, out):
+    """out f32[16] (any stride) = idot_q4_0 of each of the 16 q4_0 rows of one interleaved group
+    (kernels/qinterleave.py; entries u8[NB,288]) with the rounded x. Compiled by
+    kernels/_simd_interleave.py: lane j of each vpdpbusd is row j, no per-block horizontal sums."""
+    from freetoken.kernels.qlayout import deinterleave
+    rows = deinterleave(np.asarray(entries)[None])
+    for j in range(rows.shape[0]):
+        out[j] = idot_q4_0(rows[j], xq, xd, xs)
+
+
 def prefetch_ahead(w, r):
     """A hint, no result: ask the cache for the row about PREFETCH_BYTES past row r of w (an
     array of rows w[i], each contiguous; nothing past its end). Compiled (kernels/_simd_ir.py) to one
@@ -250,6 +260,7 @@ def register(numba):
     importlib.import_module("freetoken.kernels._simd_ir")
     importlib.import_module("freetoken.kernels._simd_int8")
     importlib.import_module("freetoken.kernels._simd_int8_low")
+    importlib.import_module("freetoken.kernels._simd_interleave")
     importlib.import_module("freetoken.kernels._simd_igemm")
     importlib.import_module("freetoken.kernels._simd_attn")
     importlib.import_module("freetoken.kernels._simd_bf16").enable_inline_asm()

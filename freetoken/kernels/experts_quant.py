@@ -22,7 +22,8 @@ from freetoken.kernels._activations import silu
 from freetoken.kernels import qgemm
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels.qact import prepared, quantize, rows_dot_tokens, wants_int8
-from freetoken.kernels.qformats import format_of
+from freetoken.kernels.qformats import format_of, logical_shape
+from freetoken.kernels.qinterleave import require_int8, rows_per
 
 ROWS = 32            # rows per parallel work item, as in experts.py
 GEMM_MIN_PAIRS = 6   # routed tokens per expert (mean) from which the tile GEMM beats the GEMV: a
@@ -85,12 +86,12 @@ def _decode(x, gu, dn, codes, int8s, uniq, offs, ptok, pw, out):
     """out f32[T,H] = each token's experts weighted and summed, in one call from Python (each
     call and its arrays cost microseconds at decode, where a layer's experts take ~100):
     gate_up's rows, the silu, down's rows (each parallel), then _combine."""
-    P = ptok.shape[0]
-    h = np.empty((P, gu.shape[1]), np.float32)                  # [P,2I]
+    P, two_i, H = ptok.shape[0], gu.shape[1] * rows_per(codes[0]), dn.shape[1] * rows_per(codes[1])
+    h = np.empty((P, two_i), np.float32)                        # [P,2I]
     _gate_up(x, gu, codes[0], int8s[0], uniq, offs, ptok, h)
-    act = np.empty((P, gu.shape[1] // 2), np.float32)           # [P,I]
+    act = np.empty((P, two_i // 2), np.float32)                 # [P,I]
     _swiglu(h, act)
-    y = np.empty((dn.shape[1], P), np.float32)                  # [H,P]
+    y = np.empty((H, P), np.float32)                            # [H,P]
     _down(act, dn, codes[1], int8s[1], uniq, offs, y)
     _combine(y, ptok, pw, out)
     return out
@@ -99,6 +100,8 @@ def _decode(x, gu, dn, codes, int8s, uniq, offs, ptok, pw, out):
 def gemv(x, gate_up, down, uniq, offs, ptok, pw, out, dots="f32"):
     """Few tokens per expert: out f32[T,H] = each token's experts weighted and summed, for
     experts._plan's groups (uniq, offs, ptok, pw). dots: as qact.wants_int8."""
+    for w in (gate_up, down):
+        require_int8(w, wants_int8(w, dots))
     return _decode(x, gate_up, down, (format_of(gate_up).code, format_of(down).code),
                    (wants_int8(gate_up, dots), wants_int8(down, dots)), uniq, offs, ptok, pw, out)
 
@@ -116,7 +119,7 @@ def _pass(q, d, gate_up, down, uniq, offs, rows, pw, out):
     rounded x (q, d): gate_up's tile GEMM with the silu (a row and its up row together: no
     [P,2I] result), the activations rounded, down's tile GEMM adding into out as it goes (a
     separate pass over a [P,H] result was ~5% of a prefill)."""
-    P, I = rows.shape[0], gate_up.shape[1] // 2
+    P, I = rows.shape[0], logical_shape(gate_up)[1] // 2
     src, first = qgemm.lane_sources(offs, rows)
     t = qgemm.tiles(q, d, src, format_of(gate_up).code)
     act = qgemm.gemm(gate_up, t, uniq, offs, first, np.empty((P, I), np.float32), False, swiglu=True)   # [P,I]

@@ -20,8 +20,8 @@ Shape legend: T rows (tokens), K values per row (a multiple of 32), K/32 the gro
 import numpy as np
 
 from freetoken.kernels._numba import SERIAL, from_bits, njit, prange, to_bits
-from freetoken.kernels._simd import (idot_mxfp4, idot_q2_k, idot_q3_k, idot_q4_0, idot_q4_1, idot_q4_k, idot_q5_0,
-                                     idot_q5_1, idot_q5_k, idot_q6_k, idot_q8_0, prefetch_ahead)
+from freetoken.kernels._simd import (idot_mxfp4, idot_q2_k, idot_q3_k, idot_q4_0, idot_q4_0x16, idot_q4_1, idot_q4_k,
+                                     idot_q5_0, idot_q5_1, idot_q5_k, idot_q6_k, idot_q8_0, prefetch_ahead)
 from freetoken.kernels.qblocks import check_code, dot_row, values_of
 from freetoken.kernels.qformats import format_named, format_of, is_quantized
 
@@ -126,7 +126,7 @@ def rounded(x, parallel=None):
 
 
 # the formats whose xs are per 16 values (sums16)
-Q2_K, Q3_K, Q6_K = (format_named(name).code for name in ("q2_k", "q3_k", "q6_k"))
+Q2_K, Q3_K, Q6_K, Q4_0X16 = (format_named(name).code for name in ("q2_k", "q3_k", "q6_k", "q4_0x16"))
 
 
 @njit(inline="always", **EXACT)
@@ -188,7 +188,9 @@ def rows_dot_tokens(w, code, int8, xa, toks, p0, p1, r0, r1, out, by_row):
     dots an entry's rounded blocks (three array views) are taken once for all the rows: taken per
     row, as dot_token does, the expert decode calls ran 4-12% slower (T=1, 64 experts top 8, Zen
     4); otherwise each row is read once for all entries."""
-    if int8:
+    if int8 and code == Q4_0X16:
+        _groups_dot_tokens(w, xa, toks, p0, p1, r0, r1, out, by_row)
+    elif int8:
         for p in range(p0, p1):
             t = toks[p]
             xq, xd, xs = xa[1][t], xa[2][t], xa[3][t]
@@ -210,6 +212,22 @@ def rows_dot_tokens(w, code, int8, xa, toks, p0, p1, r0, r1, out, by_row):
                     out[r, p] = v
                 else:
                     out[p, r] = v
+
+
+@njit(inline="always", **SERIAL)
+def _groups_dot_tokens(w, xa, toks, p0, p1, r0, r1, out, by_row):
+    """rows_dot_tokens over an interleaved q4_0 weight w u8[R/16, NB, 288] (kernels/qinterleave.py):
+    16 rows a dot; r0 and r1 multiples of 16 (the callers' work items are)."""
+    for p in range(p0, p1):
+        t = toks[p]
+        xq, xd, xs = xa[1][t], xa[2][t], xa[3][t]
+        for g in range(r0 // 16, r1 // 16):
+            if p == p0:
+                prefetch_ahead(w, g)
+            if by_row:
+                idot_q4_0x16(w[g], xq, xd, xs, out[16 * g:16 * g + 16, p])
+            else:
+                idot_q4_0x16(w[g], xq, xd, xs, out[p, 16 * g:16 * g + 16])
 
 
 # ---- the int8 row dots: a row in its blocks against the rounded x, exact integer sums ---------

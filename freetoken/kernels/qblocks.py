@@ -50,8 +50,8 @@ def check_code(code, nbytes):
 
 @njit(inline="always", **EXACT)
 def values_of(code):
-    """Values per block of format ``code`` (qformats.FORMATS)."""
-    return 32 if code <= 4 or code == 11 else (128 if code == 10 else 256)
+    """Values per block of format ``code`` (qformats.FORMATS; 12, LAYOUTS' q4_0x16, a q4_0 block per row)."""
+    return 32 if code <= 4 or code >= 11 else (128 if code == 10 else 256)
 
 
 @njit(inline="always", **EXACT)

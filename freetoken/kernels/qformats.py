@@ -3,11 +3,15 @@ block FP8, the table the kernels switch on, and each format's spec (``dequantize
 ``dequantize`` for the GGUF ones, the FP8 rule of kernels/qfp8.py.
 
 A quantized weight is u8[..., R, NB, S]: R rows of NB blocks of S bytes; S names the format (each
-has its own block size), a block holds V values, a row K = NB*V.
+has its own block size), a block holds V values, a row K = NB*V. A layout of a format's rows made
+at load for the CPU (``LAYOUTS``: kernels/qlayout.py) is u8[..., R/G, NB, S]: groups of G rows,
+each entry the G rows' blocks of one column interleaved.
 """
 from dataclasses import dataclass
 
 import numpy as np
+
+from freetoken.kernels.qlayout import deinterleave, interleave_ref
 
 
 @dataclass(frozen=True)
@@ -16,13 +20,15 @@ class QuantFormat:
     ggml: int      # gguf.GGMLQuantizationType value
     values: int    # values per block
     nbytes: int    # bytes per block
-    code: int      # the switch value of the numba kernels (the index in FORMATS)
+    code: int      # the switch value of the numba kernels (the index in FORMATS, then LAYOUTS)
+    rows: int = 1  # rows per entry: a LAYOUTS entry holds one block of each of `rows` rows
 
     @property
     def int8_dots(self) -> bool:
         """Whether the CPU kernels have int8 row dots for it (kernels/qact.py, qact.idot_row):
-        every GGUF block format (not FreeToken's FP8 row blocks)."""
-        return self.ggml >= 0
+        every GGUF block format (not FreeToken's FP8 row blocks) and every interleaved layout (it
+        exists for them)."""
+        return self.ggml >= 0 or self.rows > 1
 
 
 FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, ggml, values, nbytes)
@@ -32,7 +38,10 @@ FORMATS = tuple(QuantFormat(name, ggml, values, nbytes, code) for code, (name, g
                               ("q5_k", 13, 256, 176), ("q6_k", 14, 256, 210),
                               ("fp8_b128", -1, 128, 132),     # kernels/qfp8.py; not a GGML type
                               ("mxfp4", 39, 32, 17))))        # kernels/qmxfp4.py (gpt-oss's experts)
-_BY_BYTES = {f.nbytes: f for f in FORMATS}
+# CPU layouts made at load, never in a file nor on a GPU (kernels/qinterleave.py): q4_0's rows 16
+# at a time, so a decode GEMV's int8 dot gives 16 rows a step
+LAYOUTS = (QuantFormat("q4_0x16", -2, 32, 288, len(FORMATS), rows=16),)
+_BY_BYTES = {f.nbytes: f for f in FORMATS + LAYOUTS}
 
 
 def format_of_block_bytes(nbytes):
@@ -53,10 +62,10 @@ def format_of_ggml(t):
 
 def format_named(name):
     """The format called ``name`` ("q4_k", "Q4_K", ...)."""
-    for f in FORMATS:
+    for f in FORMATS + LAYOUTS:
         if f.name == str(name).lower():
             return f
-    raise ValueError(f"unknown quantized format {name!r} (known: {[f.name for f in FORMATS]})")
+    raise ValueError(f"unknown quantized format {name!r} (known: {[f.name for f in FORMATS + LAYOUTS]})")
 
 
 def is_quantized(w):
@@ -76,15 +85,19 @@ def format_of(w):
 
 def logical_shape(w):
     """The shape of the values ``w`` holds: (..., NB*V) for a quantized weight u8[..., NB, S],
-    else ``w.shape``."""
+    (..., R, NB*V) for a layout's u8[..., R/G, NB, S], else ``w.shape``."""
     if is_quantized(w):
-        return (*w.shape[:-2], w.shape[-2] * format_of(w).values)
+        f = format_of(w)
+        rows = () if f.rows == 1 else (w.shape[-3] * f.rows,)
+        return (*w.shape[:-3 if rows else -2], *rows, w.shape[-2] * f.values)
     return tuple(w.shape)
 
 
 def dequantize_ref(w):
     """u8[..., NB, S] -> f32[..., NB*V] through gguf-py's ``dequantize`` (the spec)."""
     fmt = format_of(w)
+    if fmt.rows > 1:
+        return dequantize_ref(deinterleave(w))
     if fmt.ggml < 0:
         from freetoken.kernels.qfp8 import dequantize_fp8
         return dequantize_fp8(w)
@@ -105,6 +118,8 @@ def random_blocks(name: str, rows: tuple, values: int, rng) -> np.ndarray:
     there could be inf or NaN), no e4m3 NaN codes. For tests and for `bench bw --format`, whose
     speed must not depend on the weights."""
     f = format_named(name)
+    if f.rows > 1:                  # the format's rows, interleaved (rows[-1] a multiple of f.rows)
+        return interleave_ref(random_blocks("q4_0", rows, values, rng))
     if values % f.values:
         raise ValueError(f"{name}: rows of {values} values are not whole blocks of {f.values}")
     w = rng.integers(0, 256, tuple(rows) + (values // f.values, f.nbytes), dtype=np.uint8)

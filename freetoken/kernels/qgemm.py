@@ -20,13 +20,15 @@ from freetoken.kernels._tile_out import into, put, runs
 from freetoken.kernels._simd import (igemm_g16, igemm_g32, unpack_mxfp4, unpack_q2_k, unpack_q3_k, unpack_q4_0,
                                      unpack_q4_1, unpack_q4_k, unpack_q5_0, unpack_q5_1, unpack_q5_k, unpack_q6_k,
                                      unpack_q8_0)
-from freetoken.kernels.qformats import format_of, is_quantized
+from freetoken.kernels.qformats import format_of, is_quantized, logical_shape
+from freetoken.kernels.qinterleave import CODE as CODE_X16, rows_per, unpack_row
 
 LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
 ROWS = 32                                    # weight rows per parallel work item (unpacked at once)
 R = 4                                        # weight rows per igemm call
 GROUPS = {4: (32, 128), 7: (32, 0), 8: (32, 0), 9: (16, 32), 11: (32, 12),   # format code -> (G, offset of u)
-          0: (32, 8), 1: (32, 0), 2: (32, 16), 3: (32, 0), 5: (16, 0), 6: (16, 4)}
+          0: (32, 8), 1: (32, 0), 2: (32, 16), 3: (32, 0), 5: (16, 0), 6: (16, 4),
+          12: (32, 8)}                       # 12: q4_0's rows interleaved (kernels/qinterleave.py)
 MINS = (1, 3, 5, 7, 8)                       # formats whose values subtract a min (q4_1, q5_1, q2_k, q4_k, q5_k)
 AMX_CODES = (4, 7, 8, 9)   # formats the AMX tiles read (kernels/qgemm_amx.py refuses others); the rest take the VNNI tiles there
 
@@ -96,7 +98,12 @@ def lane_sources(offs, rows):
 
 
 @njit(inline="always", **SERIAL)
-def _unpack(row, code, u, a, c):
+def _unpack(w, m, code, u, a, c):
+    """Row m of w (u8[M,K/V,B], or an interleaved u8[M/16,K/32,288]) unpacked into u, a, c."""
+    if code == CODE_X16:
+        unpack_row(w[m // 16], m % 16, u, a, c)
+        return
+    row = w[m]
     if code == 4:
         unpack_q8_0(row, u, a, c)
     elif code == 7:
@@ -151,9 +158,9 @@ def _rows(w, kind, t, u, m0, m1, uniq, offs, first, res, where, scratch):
     un, out, out2 = scratch
     half, rows, p0, count = where[3], m1 - m0, offs[u], offs[u + 1] - offs[u]
     for j in range(rows):
-        _unpack(w[uniq[u], m0 + j], kind[0], un[0][j], un[1][j], un[2][j])
+        _unpack(w[uniq[u]], m0 + j, kind[0], un[0][j], un[1][j], un[2][j])
         if half:
-            _unpack(w[uniq[u], half + m0 + j], kind[0], un[0][ROWS + j], un[1][ROWS + j], un[2][ROWS + j])
+            _unpack(w[uniq[u]], half + m0 + j, kind[0], un[0][ROWS + j], un[1][ROWS + j], un[2][ROWS + j])
     for n in range(first[u], first[u + 1], 2):    # the tiles stay in L1 for the run's rows
         pair = min(2, first[u + 1] - n)
         o, o2 = out[:R * pair], out2[:R * pair]
@@ -189,7 +196,8 @@ def _gemm(w, kind, t, uniq, offs, first, res, where, n_runs):
     """For group u (weights w[uniq[u]] u8[M,K/V,B], the format ``kind_of`` gives), its lane j's
     product with row m goes to res as ``put`` says, pair p = offs[u] + j. In ``n_runs`` runs of equal
     row ranges, each over every group in turn: a group's tiles stay in L2 for the run's rows."""
-    M, U, K, groups = where[3] if where[3] else w.shape[1], uniq.shape[0], t[0].shape[1] * 4, t[2].shape[1]
+    M = where[3] if where[3] else w.shape[1] * rows_per(kind[0])
+    U, K, groups = uniq.shape[0], t[0].shape[1] * 4, t[2].shape[1]
     chunks = (M + ROWS - 1) // ROWS
     for run in prange(n_runs):
         un = (np.zeros((2 * ROWS, K), np.uint8), np.zeros((2 * ROWS, groups), np.float32),
@@ -207,7 +215,7 @@ def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None, swiglu=False):
     ptok[p] instead; swiglu: the products of rows m < M/2 become silu(row m's) * row M/2 + m's
     (M/2 columns). On AMX tiles where the CPU has them (_isa.amx_int8, kernels/qgemm_amx.py)."""
     from freetoken.kernels._isa import amx_int8
-    code, where = format_of(w).code, into(rows_first, add_to, w.shape[1] // 2 if swiglu else 0)
+    code, where = format_of(w).code, into(rows_first, add_to, logical_shape(w)[1] // 2 if swiglu else 0)
     if amx_int8() and code in AMX_CODES:
         from freetoken.kernels import qgemm_amx
         return qgemm_amx.gemm(w, code, GROUPS[code][0], t, uniq, offs, first, res, where)
@@ -216,5 +224,5 @@ def gemm(w, t, uniq, offs, first, res, rows_first, add_to=None, swiglu=False):
 
 def vnni(w, code, t, uniq, offs, first, res, where):
     """``gemm`` on the VNNI tiles whatever the CPU has (format ``code``; where: ``into``'s)."""
-    _gemm(w, kind_of(code), t, uniq, offs, first, res, where, runs(where[3] or w.shape[1], ROWS))
+    _gemm(w, kind_of(code), t, uniq, offs, first, res, where, runs(where[3] or logical_shape(w)[1], ROWS))
     return res

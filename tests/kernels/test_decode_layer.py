@@ -20,6 +20,7 @@ CASES = {   # name -> (model, engine options)
     "f32 rows, f32 KV": (str(GGUF / "qwen3moe_norm-f32.gguf"), {"kv_dtype": "float32"}),
     "q4_k and a q|k + v pair": (str(GGUF / "qwen3moe_256-q4_k_m.gguf"), {}),
     "q8_0, f32 dots": (str(GGUF / "qwen3moe_256-mxfp4_moe.gguf"), {"cpu_dots": "f32"}),
+    "q4_0 experts interleaved": (str(GGUF / "qwen3moe_256-q4_0.gguf"), {}),   # where there is VNNI (kernels/qinterleave.py)
 }
 
 
@@ -56,7 +57,8 @@ def test_one_call_a_layer_gives_the_composed_ops_bit_for_bit(case, fused_calls):
     assert fused_calls.n > 0
 
 
-@pytest.mark.parametrize("case", ["q4_k and a q|k + v pair", "q8_0, f32 dots", "bf16 rows, bf16 KV"])
+@pytest.mark.parametrize("case", ["q4_k and a q|k + v pair", "q8_0, f32 dots", "bf16 rows, bf16 KV",
+                                  "q4_0 experts interleaved"])
 def test_batch_1_with_the_experts_in_the_call_equals_the_composed_ops(case, fused_calls, monkeypatch):
     """At one token a step a quantized bank's routed experts run in the layer's call too (the MoE
     runtime's cpu backend hands over its host bank; bf16-pair rows too): the same tokens and logprobs, bit for bit,

@@ -74,7 +74,7 @@ def _unpacked(w, fmt):
     un = (np.zeros((w.shape[0], K), np.uint8), np.zeros((w.shape[0], K // G), np.float32),
           np.zeros((w.shape[0], K // G), np.float32))
     for j in range(w.shape[0]):
-        qgemm._unpack(w[j], code, un[0][j], un[1][j], un[2][j])
+        qgemm._unpack(w, j, code, un[0][j], un[1][j], un[2][j])
     return un
 
 

@@ -1,0 +1,110 @@
+"""q4_0 rows interleaved 16 at a time, the kernels' side: the CPU layout of a q4_0 expert bank
+made at load (kernels/qformats.py's LAYOUTS entry "q4_0x16"; its bytes: kernels/qlayout.py), so
+that a decode GEMV's int8 dot gives 16 rows a step (kernels/_simd_interleave.py). Why: in the
+file's layout each row's 32-value blocks end in a horizontal sum of the dot's lanes before the
+block's scale applies, about half of a q4_0 row dot's time; with lane j of every vpdpbusd holding
+row j, the lanes are the 16 rows' sums and no horizontal sum remains (bench/kernels/interleave.py;
+bench/kernels/q4_0_repack_probe.c in C).
+
+A bank u8[S, R, NB, 18] becomes u8[S, R/16, NB, 288] over the same bytes (``interleave``: in
+place, so the bank's memory is not doubled). Only the cpu backend takes it, and only where the
+int8 tile GEMM runs its prefill (VNNI; engine/build.interleaved_experts): every kernel that reads
+the bank there reads this layout; GPU slots and the hybrid's CPU branch keep the file's.
+
+Shape legend: S experts, R rows, NB blocks per row, G = 16 rows per group.
+"""
+import numpy as np
+
+from freetoken.kernels._numba import HOT, SERIAL, njit, prange
+from freetoken.kernels.qblocks import _f16
+from freetoken.kernels.qformats import format_named, is_quantized, format_of
+from freetoken.kernels.qlayout import BLOCK, ENTRY, G, QS_AT
+
+CODE = format_named("q4_0x16").code       # the kernels' switch value
+Q4_0 = format_named("q4_0").code
+
+
+@njit(inline="always", **SERIAL)
+def rows_per(code):
+    """Rows per entry of format ``code``: G for the interleaved layout, else 1."""
+    return G if code == CODE else 1
+
+
+@njit(**SERIAL)
+def _interleave_group(src, dst):
+    """One group: src u8[G, NB, 18] (a copy) into dst u8[NB, 288]."""
+    for b in range(src.shape[1]):
+        for j in range(G):
+            dst[b, 2 * j] = src[j, b, 0]
+            dst[b, 2 * j + 1] = src[j, b, 1]
+            for c in range(4):
+                for i in range(4):
+                    dst[b, QS_AT + 64 * c + 4 * j + i] = src[j, b, 2 + 4 * c + i]
+
+
+@njit(**HOT)
+def _interleave_all(flat, groups, nb):
+    """flat u8[groups * G * NB * 18], in place, group by group (each in its own bytes)."""
+    for g in prange(groups):
+        span = flat[g * ENTRY * nb:(g + 1) * ENTRY * nb]
+        _interleave_group(span.copy().reshape(G, nb, BLOCK), span.reshape(nb, ENTRY))
+
+
+def can_interleave(w) -> bool:
+    """Whether w is a C-contiguous q4_0 weight u8[..., R, NB, 18] with R a multiple of G."""
+    return (is_quantized(w) and format_of(w).code == Q4_0 and w.ndim >= 3 and w.shape[-3] % G == 0
+            and w.flags.c_contiguous)
+
+
+def interleave(w):
+    """The q4_0 weight w u8[..., R, NB, 18] as u8[..., R/G, NB, 288], rewritten in place (w's
+    memory; w itself must not be read as q4_0 afterwards). ValueError unless can_interleave(w)."""
+    if not can_interleave(w):
+        raise ValueError(f"interleave takes C-contiguous q4_0 rows in groups of {G}; got "
+                         f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")
+    nb = w.shape[-2]
+    groups = w.size // (ENTRY * nb)
+    _interleave_all(w.reshape(-1), groups, nb)
+    return w.reshape(*w.shape[:-3], w.shape[-3] // G, nb, ENTRY)
+
+
+def interleaved(w):
+    """interleave of a copy of w (w stays q4_0)."""
+    return interleave(np.array(w, np.uint8, order="C", copy=True))
+
+
+@njit(inline="always", **SERIAL)
+def unpack_row(entries, j, u, a, c):
+    """Row j of a group (entries u8[NB,288]) as the int8 tile GEMM's unpacked row (qgemm's
+    _unpack, q4_0's: u u8[NB*32] the unsigned nibbles in value order, a f32[NB] the scales,
+    c zeros; the values a * (u - 8))."""
+    for b in range(entries.shape[0]):
+        a[b] = _f16(entries, b, 2 * j)
+        c[b] = 0.0
+        for col in range(4):
+            at = QS_AT + 64 * col + 4 * j
+            for i in range(4):
+                byte = entries[b, at + i]
+                u[32 * b + 4 * col + i] = byte & 15
+                u[32 * b + 16 + 4 * col + i] = byte >> 4
+
+
+@njit(**SERIAL)
+def dequant_groups(w, out):
+    """out f32[R, NB*32] = the values of an interleaved weight's rows (w u8[R/16, NB, 288]),
+    d * (u - 8) in fp32 as gguf-py's q4_0 (one rounding: u - 8 is exact)."""
+    u = np.empty(out.shape[1], np.uint8)
+    a, c = np.empty(w.shape[1], np.float32), np.empty(w.shape[1], np.float32)
+    for g in range(w.shape[0]):
+        for j in range(G):
+            unpack_row(w[g], j, u, a, c)
+            for v in range(out.shape[1]):
+                out[G * g + j, v] = a[v // 32] * (np.float32(u[v]) - np.float32(8.0))
+
+
+def require_int8(w, int8) -> None:
+    """ValueError when the interleaved weight w would be read without int8 dots (the fp32 row dots
+    read the file's layout only)."""
+    if not int8 and is_quantized(w) and format_of(w).rows > 1:
+        raise ValueError(f"{format_of(w).name} weights (rows interleaved at load) are read with int8 "
+                         "dots only (--cpu-dots int8)")

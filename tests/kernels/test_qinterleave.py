@@ -1,0 +1,100 @@
+"""q4_0 rows interleaved 16 at a time (kernels/qlayout.py, kernels/qinterleave.py, the 16-row int8
+dot of kernels/_simd_interleave.py): the layout holds the same values (dequantize_ref through
+deinterleave is the spec), is made in place, and every kernel that reads a cpu engine's expert
+bank (decode GEMV, tile GEMM, BLAS path, linear GEMV) gives the file layout's results within
+fp32 rounding."""
+import numpy as np
+import pytest
+
+from freetoken.kernels import experts, linear_quant, qgemm
+from freetoken.kernels._numba import njit
+from freetoken.kernels._simd import idot_q4_0x16
+from freetoken.kernels.qact import dequantize_ref as rounded_values, quantize
+from freetoken.kernels.qformats import dequantize_ref, format_of, logical_shape, random_blocks
+from freetoken.kernels.qinterleave import can_interleave, interleave, interleaved
+from freetoken.kernels.qlayout import deinterleave, interleave_ref
+
+
+def test_the_layout_holds_the_same_rows_and_is_made_in_place():
+    rng = np.random.default_rng(0)
+    w = random_blocks("q4_0", (3, 48), 256, rng)
+    keep = w.copy()
+    out = interleave(w)
+    assert np.shares_memory(out, w) and out.shape == (3, 3, 8, 288)
+    assert format_of(out).name == "q4_0x16" and logical_shape(out) == (3, 48, 256)
+    np.testing.assert_array_equal(deinterleave(out), keep)
+    np.testing.assert_array_equal(interleave_ref(keep), out)         # numpy's way, the same bytes
+    np.testing.assert_array_equal(dequantize_ref(out), dequantize_ref(keep))
+    assert not can_interleave(out)                                   # twice is refused, not scrambled
+
+
+@pytest.mark.parametrize("w", [np.zeros((40, 8, 18), np.uint8), np.zeros((32, 8, 34), np.uint8),
+                               np.zeros((32, 16, 18), np.uint8)[:, ::2], np.zeros((32, 256), np.float32)],
+                         ids=["rows-not-16s", "q8_0", "strided", "dense"])
+def test_only_contiguous_q4_0_rows_in_16s_are_taken(w):
+    assert not can_interleave(w)
+    with pytest.raises(ValueError, match="groups of 16"):
+        interleave(w)
+
+
+@njit(fastmath=True)
+def _dots(w, xq, xd, xs, out, column):
+    for g in range(w.shape[0]):
+        idot_q4_0x16(w[g], xq, xd, xs, out[16 * g:16 * g + 16, column])
+
+
+def test_the_16_row_dot_is_each_rows_int8_dot():
+    """Compiled, into a strided column: the dequantized rows against the rounded x (the spec)."""
+    rng = np.random.default_rng(1)
+    w = random_blocks("q4_0", (64,), 512, rng)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    q, d, s = quantize(x)
+    out = np.full((64, 3), 7.0, np.float32)
+    _dots(interleaved(w), q.reshape(16, 32), d.reshape(16, 1), s.reshape(16, 1), out, 1)
+    want = dequantize_ref(w) @ rounded_values(q, d)[0]
+    np.testing.assert_allclose(out[:, 1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert (out[:, [0, 2]] == 7.0).all()                              # nothing written beside it
+
+
+def _bank(rng, E=6, H=256, I=128):
+    return random_blocks("q4_0", (E, 2 * I), H, rng), random_blocks("q4_0", (E, H), I, rng)
+
+
+@pytest.mark.parametrize("T", [1, 3, 96])
+@pytest.mark.parametrize("tiles", [True, False], ids=["vnni-tiles", "blas"])
+def test_experts_read_either_layout_alike(T, tiles, monkeypatch):
+    """Decode (T 1, 3) and prefill (96 tokens x 3 over 6 experts: the tile GEMM where there is
+    VNNI, else the BLAS path over dequantized rows; both forced here); one bank interleaved, or
+    only gate_up (a layer whose down is another format keeps it)."""
+    monkeypatch.setattr(qgemm, "fast_here", lambda: tiles)
+    rng = np.random.default_rng(2)
+    gu, dn = _bank(rng)
+    ids = rng.integers(0, 6, (T, 3)).astype(np.int32)
+    w = rng.random((T, 3)).astype(np.float32)
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    want = experts.cpu(x, ids, w, gu, dn, dots="int8")
+    for bank in ((interleaved(gu), interleaved(dn)), (interleaved(gu), dn)):
+        got = experts.cpu(x, ids, w, *bank, dots="int8")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("T", [1, 4, 40])
+def test_the_linear_op_reads_it_too(T):
+    rng = np.random.default_rng(3)
+    w = random_blocks("q4_0", (96,), 256, rng)
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    want = linear_quant.gemv(x, w, np.empty((T, 96), np.float32), "int8")
+    got = linear_quant.gemv(x, interleaved(w), np.empty((T, 96), np.float32), "int8")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    np.testing.assert_array_equal(linear_quant.dequant_rows(interleaved(w), np.empty((96, 256), np.float32)),
+                                  dequantize_ref(w))
+
+
+def test_fp32_dots_refuse_it_by_name():
+    rng = np.random.default_rng(4)
+    gu, dn = (interleaved(a) for a in _bank(rng))
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    with pytest.raises(ValueError, match="q4_0x16 .* int8 dots only"):
+        experts.cpu(x, np.zeros((1, 3), np.int32), np.ones((1, 3), np.float32), gu, dn, dots="f32")
+    with pytest.raises(ValueError, match="int8 dots only"):
+        linear_quant.gemv(x, interleaved(random_blocks("q4_0", (16,), 256, rng)), np.empty((1, 16), np.float32))
