@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from _machine import machine  # noqa: E402
 from freetoken.kernels import experts, linear_quant  # noqa: E402
 from freetoken.kernels.qformats import random_blocks  # noqa: E402
-from freetoken.kernels.qinterleave import interleaved  # noqa: E402
+from freetoken.kernels.qlayout import interleave_ref  # noqa: E402
 
 LAYOUTS = ("q4_0", "q4_0x16")
 
@@ -35,7 +35,7 @@ def gemv_case(M, K, rng):
     """(weights a call reads, {layout: one call})."""
     w = random_blocks("q4_0", (M,), K, rng)
     x, out = rng.standard_normal((1, K)).astype(np.float32), np.empty((1, M), np.float32)
-    ws = {"q4_0": w, "q4_0x16": interleaved(w)}
+    ws = {"q4_0": w, "q4_0x16": interleave_ref(w)}
     return M * K, {name: (lambda w=w: linear_quant.gemv(x, w, out, "int8")) for name, w in ws.items()}
 
 
@@ -43,7 +43,7 @@ def experts_case(E, k, H, I, rng):
     """(weights a call reads, {layout: one call}): each call routes one token to k experts drawn
     afresh, so the bank (E experts) is read from DRAM as a decode step reads it."""
     gu, dn = random_blocks("q4_0", (E, 2 * I), H, rng), random_blocks("q4_0", (E, H), I, rng)
-    banks = {"q4_0": (gu, dn), "q4_0x16": (interleaved(gu), interleaved(dn))}
+    banks = {"q4_0": (gu, dn), "q4_0x16": (interleave_ref(gu), interleave_ref(dn))}
     x = rng.standard_normal((1, H)).astype(np.float32)
     weights = np.full((1, k), 1.0 / k, np.float32)
 

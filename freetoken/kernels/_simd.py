@@ -194,6 +194,12 @@ unpack_q4_0, unpack_q4_1, unpack_q5_0, unpack_q5_1, unpack_q2_k, unpack_q3_k = m
     _unpack_stub, ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k"))
 
 
+def unpack_q4_0x16(entries, j, u, a, c):
+    """unpack_q4_0 of row j of an interleaved q4_0 group (entries u8[NB,288], kernels/qlayout.py).
+    Compiled only (kernels/_simd_interleave.py)."""
+    raise NotImplementedError("unpack_q4_0x16 is compiled only (kernels/_simd_interleave.py)")
+
+
 def _spec_igemm(u, a, c, xt, xd, xs, xb, r0, t0, has_min, out, G):
     """The spec of the products: out[j*TT + t] = unpacked row r0 + j against tile t0 + t, per group
     a * xd * (sum(u * xq) + xb) - c * xs (with has_min), in float64."""

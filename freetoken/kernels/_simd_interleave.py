@@ -75,6 +75,44 @@ def _group_dot(context, builder, sig, args):
     return context.get_dummy_value()
 
 
+def _unpack_row(context, builder, sig, args):
+    """Per block column b: row j's four words gathered into its 16 GGUF quant bytes, their low
+    and high nibbles stored as u[32b .. 32b + 32] (values in order), a[b] its fp16 d, c[b] 0."""
+    arrays = zip((sig.args[0], *sig.args[2:]), (args[0], *args[2:]))
+    entries, u, a, c = (context.make_array(t)(context, builder, v) for t, v in arrays)
+    j = context.cast(builder, args[1], sig.args[1], types.int64)
+    i8x16, i32x4 = ir.VectorType(ir.IntType(8), 16), ir.VectorType(I32, 4)
+    with cgutils.for_range(builder, builder.extract_value(entries.shape, 0)) as loop:
+        entry = builder.gep(entries.data, [builder.mul(loop.index, ir.Constant(I64, ENTRY))])
+        quads = ir.Constant(i32x4, None)
+        for col in range(4):
+            at = builder.gep(entry, [builder.add(builder.mul(j, ir.Constant(I64, 4)), ir.Constant(I64, QS_AT + 64 * col))])
+            quads = builder.insert_element(quads, _load(builder, at, 0, I32, 1), ir.Constant(I32, col))
+        q = builder.bitcast(quads, i8x16)
+        low, high = builder.and_(q, _same(8, 16, 15)), builder.lshr(q, _same(8, 16, 4))
+        quants = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+        builder.store(quants, builder.bitcast(builder.gep(u.data, [builder.mul(loop.index, ir.Constant(I64, 32))]),
+                                              I8x32.as_pointer()), align=1)
+        scale = _fp16(builder, builder.gep(entry, [builder.mul(j, ir.Constant(I64, 2))]), 0)
+        builder.store(scale, builder.gep(a.data, [loop.index]))
+        builder.store(ir.Constant(F32, 0.0), builder.gep(c.data, [loop.index]))
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _unpack_group_row(typingctx, entries, j, u, a, c):
+    ok = (_contiguous(entries, u, a, c) and entries.dtype == types.uint8 and entries.ndim == 2
+          and isinstance(j, types.Integer) and u.dtype == types.uint8 and a.dtype == c.dtype == types.float32)
+    return (types.void(entries, j, u, a, c), _unpack_row) if ok else None
+
+
+@overload(_simd.unpack_q4_0x16, inline="always")
+def _unpack_q4_0x16(entries, j, u, a, c):
+    if _contiguous(entries, u, a, c):
+        return lambda entries, j, u, a, c: _unpack_group_row(entries, j, u, a, c)
+    return lambda entries, j, u, a, c: _unpack_group_row(np.ascontiguousarray(entries), j, u, a, c)
+
+
 @intrinsic
 def _idot_group(typingctx, entries, xq, xd, xs, out):
     ok = (_contiguous(entries, xq, xd, xs) and entries.dtype == types.uint8 and entries.ndim == 2

@@ -19,9 +19,9 @@ from freetoken.kernels._numba import HOT, SERIAL, njit, prange
 from freetoken.kernels._tile_out import into, put, runs
 from freetoken.kernels._simd import (igemm_g16, igemm_g32, unpack_mxfp4, unpack_q2_k, unpack_q3_k, unpack_q4_0,
                                      unpack_q4_1, unpack_q4_k, unpack_q5_0, unpack_q5_1, unpack_q5_k, unpack_q6_k,
-                                     unpack_q8_0)
+                                     unpack_q4_0x16, unpack_q8_0)
 from freetoken.kernels.qformats import format_of, is_quantized, logical_shape
-from freetoken.kernels.qinterleave import CODE as CODE_X16, rows_per, unpack_row
+from freetoken.kernels.qinterleave import CODE as CODE_X16, rows_per
 
 LANES = 16                                   # tokens per tile (the lanes of one vpdpbusd)
 ROWS = 32                                    # weight rows per parallel work item (unpacked at once)
@@ -101,7 +101,7 @@ def lane_sources(offs, rows):
 def _unpack(w, m, code, u, a, c):
     """Row m of w (u8[M,K/V,B], or an interleaved u8[M/16,K/32,288]) unpacked into u, a, c."""
     if code == CODE_X16:
-        unpack_row(w[m // 16], m % 16, u, a, c)
+        unpack_q4_0x16(w[m // 16], m % 16, u, a, c)
         return
     row = w[m]
     if code == 4:

@@ -9,14 +9,15 @@ bench/kernels/q4_0_repack_probe.c in C).
 A bank u8[S, R, NB, 18] becomes u8[S, R/16, NB, 288] over the same bytes (``interleave``: in
 place, so the bank's memory is not doubled). Only the cpu backend takes it, and only where the
 int8 tile GEMM runs its prefill (VNNI; engine/build.interleaved_experts): every kernel that reads
-the bank there reads this layout; GPU slots and the hybrid's CPU branch keep the file's.
+the bank there reads this layout; GPU slots and the hybrid's CPU branch keep the file's. (The dot and
+the tile GEMM's unpacking: _simd.idot_q4_0x16, _simd.unpack_q4_0x16.)
 
 Shape legend: S experts, R rows, NB blocks per row, G = 16 rows per group.
 """
 import numpy as np
 
 from freetoken.kernels._numba import HOT, SERIAL, njit, prange
-from freetoken.kernels.qblocks import _f16
+from freetoken.kernels._simd import unpack_q4_0x16
 from freetoken.kernels.qformats import format_named, is_quantized, format_of
 from freetoken.kernels.qlayout import BLOCK, ENTRY, G, QS_AT
 
@@ -68,36 +69,16 @@ def interleave(w):
     return w.reshape(*w.shape[:-3], w.shape[-3] // G, nb, ENTRY)
 
 
-def interleaved(w):
-    """interleave of a copy of w (w stays q4_0)."""
-    return interleave(np.array(w, np.uint8, order="C", copy=True))
-
-
-@njit(inline="always", **SERIAL)
-def unpack_row(entries, j, u, a, c):
-    """Row j of a group (entries u8[NB,288]) as the int8 tile GEMM's unpacked row (qgemm's
-    _unpack, q4_0's: u u8[NB*32] the unsigned nibbles in value order, a f32[NB] the scales,
-    c zeros; the values a * (u - 8))."""
-    for b in range(entries.shape[0]):
-        a[b] = _f16(entries, b, 2 * j)
-        c[b] = 0.0
-        for col in range(4):
-            at = QS_AT + 64 * col + 4 * j
-            for i in range(4):
-                byte = entries[b, at + i]
-                u[32 * b + 4 * col + i] = byte & 15
-                u[32 * b + 16 + 4 * col + i] = byte >> 4
-
-
 @njit(**SERIAL)
 def dequant_groups(w, out):
     """out f32[R, NB*32] = the values of an interleaved weight's rows (w u8[R/16, NB, 288]),
-    d * (u - 8) in fp32 as gguf-py's q4_0 (one rounding: u - 8 is exact)."""
+    d * (u - 8) in fp32 as gguf-py's q4_0 (one rounding: u - 8 is exact), each row unpacked as the
+    int8 tile GEMM unpacks it (_simd.unpack_q4_0x16)."""
     u = np.empty(out.shape[1], np.uint8)
     a, c = np.empty(w.shape[1], np.float32), np.empty(w.shape[1], np.float32)
     for g in range(w.shape[0]):
         for j in range(G):
-            unpack_row(w[g], j, u, a, c)
+            unpack_q4_0x16(w[g], j, u, a, c)
             for v in range(out.shape[1]):
                 out[G * g + j, v] = a[v // 32] * (np.float32(u[v]) - np.float32(8.0))
 

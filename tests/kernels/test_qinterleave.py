@@ -11,7 +11,7 @@ from freetoken.kernels._numba import njit
 from freetoken.kernels._simd import idot_q4_0x16
 from freetoken.kernels.qact import dequantize_ref as rounded_values, quantize
 from freetoken.kernels.qformats import dequantize_ref, format_of, logical_shape, random_blocks
-from freetoken.kernels.qinterleave import can_interleave, interleave, interleaved
+from freetoken.kernels.qinterleave import can_interleave, interleave
 from freetoken.kernels.qlayout import deinterleave, interleave_ref
 
 
@@ -50,7 +50,7 @@ def test_the_16_row_dot_is_each_rows_int8_dot():
     x = rng.standard_normal((1, 512)).astype(np.float32)
     q, d, s = quantize(x)
     out = np.full((64, 3), 7.0, np.float32)
-    _dots(interleaved(w), q.reshape(16, 32), d.reshape(16, 1), s.reshape(16, 1), out, 1)
+    _dots(interleave_ref(w), q.reshape(16, 32), d.reshape(16, 1), s.reshape(16, 1), out, 1)
     want = dequantize_ref(w) @ rounded_values(q, d)[0]
     np.testing.assert_allclose(out[:, 1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert (out[:, [0, 2]] == 7.0).all()                              # nothing written beside it
@@ -73,7 +73,7 @@ def test_experts_read_either_layout_alike(T, tiles, monkeypatch):
     w = rng.random((T, 3)).astype(np.float32)
     x = rng.standard_normal((T, 256)).astype(np.float32)
     want = experts.cpu(x, ids, w, gu, dn, dots="int8")
-    for bank in ((interleaved(gu), interleaved(dn)), (interleaved(gu), dn)):
+    for bank in ((interleave_ref(gu), interleave_ref(dn)), (interleave_ref(gu), dn)):
         got = experts.cpu(x, ids, w, *bank, dots="int8")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
@@ -84,17 +84,17 @@ def test_the_linear_op_reads_it_too(T):
     w = random_blocks("q4_0", (96,), 256, rng)
     x = rng.standard_normal((T, 256)).astype(np.float32)
     want = linear_quant.gemv(x, w, np.empty((T, 96), np.float32), "int8")
-    got = linear_quant.gemv(x, interleaved(w), np.empty((T, 96), np.float32), "int8")
+    got = linear_quant.gemv(x, interleave_ref(w), np.empty((T, 96), np.float32), "int8")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    np.testing.assert_array_equal(linear_quant.dequant_rows(interleaved(w), np.empty((96, 256), np.float32)),
+    np.testing.assert_array_equal(linear_quant.dequant_rows(interleave_ref(w), np.empty((96, 256), np.float32)),
                                   dequantize_ref(w))
 
 
 def test_fp32_dots_refuse_it_by_name():
     rng = np.random.default_rng(4)
-    gu, dn = (interleaved(a) for a in _bank(rng))
+    gu, dn = (interleave_ref(a) for a in _bank(rng))
     x = rng.standard_normal((1, 256)).astype(np.float32)
     with pytest.raises(ValueError, match="q4_0x16 .* int8 dots only"):
         experts.cpu(x, np.zeros((1, 3), np.int32), np.ones((1, 3), np.float32), gu, dn, dots="f32")
     with pytest.raises(ValueError, match="int8 dots only"):
-        linear_quant.gemv(x, interleaved(random_blocks("q4_0", (16,), 256, rng)), np.empty((1, 16), np.float32))
+        linear_quant.gemv(x, interleave_ref(random_blocks("q4_0", (16,), 256, rng)), np.empty((1, 16), np.float32))
