@@ -167,10 +167,10 @@ class EngineConfig:
     cpu_decode_layer: bool = _flag(
         True, "cpu backend: run the attention half of a decode step's layer in one numba call "
         "(--no-cpu-decode-layer calls each op from Python: the same results, slower)")
-    cpu_interleave_experts: bool = _flag(
-        True, "cpu backend with --cpu-dots int8 on a CPU with VNNI: rewrite q4_0 expert banks at load, "
-        "in place, 16 rows interleaved, so a decode dot gives 16 rows at once (--no-cpu-interleave-experts "
-        "keeps the file's layout: the same results within fp32 rounding, slower decode)")
+    cpu_interleave_q4_0: bool = _flag(
+        True, "cpu backend with --cpu-dots int8 on a CPU with VNNI: rewrite q4_0 expert banks (and qkv and o_proj "
+        "when every layer's is q4_0) at load, in place, 16 rows interleaved, so a decode dot gives 16 rows at once "
+        "(--no-cpu-interleave-q4-0 keeps the file's layout: the same results within fp32 rounding, slower decode)")
     thread_tuning: bool = _flag(
         True, "cpu backend: when decode slows down (e.g. another process busy on a core) try one "
         "thread fewer and keep it while faster (--no-thread-tuning keeps every compute thread)")

@@ -1,8 +1,8 @@
 """What EngineCore builds from a loaded model and its plan (engine/plan.py): device weights, the KV
 pool, a GDN model's recurrent-state pool and checkpoint pool, the prefix cache, the Scheduler's
 recurrent-state seam, and the model object (through the architecture registry). Builds; never decides,
-but for one thing the CPU itself settles: whether the cpu backend's q4_0 expert banks are interleaved
-(``interleaved_experts``, logged).
+but for one thing the CPU itself settles: whether the cpu backend's q4_0 matrices are interleaved
+(``interleaved_q4_0``, logged).
 
 Shape legend: La full-attention layers (all layers of a Qwen3-MoE), G kv heads, D head dim.
 """
@@ -34,10 +34,10 @@ def prepare_host(ops, config, cfg) -> None:
 
 def place_weights(ops, weights, config=None):
     """Non-expert weights go to the backend's device; routed experts stay in host memory (the
-    MoE runtime decides where they run). The cpu backend keeps them in place, its q4_0 expert
-    banks interleaved for its kernels when ``config`` asks (interleaved_experts)."""
-    if ops.name == "cpu" and config is not None and config.cpu_interleave_experts:
-        return interleaved_experts(weights, config.cpu_dots)
+    MoE runtime decides where they run). The cpu backend keeps them in place, its q4_0 matrices
+    interleaved for its kernels when ``config`` asks (interleaved_q4_0)."""
+    if ops.name == "cpu" and config is not None and config.cpu_interleave_q4_0:
+        return interleaved_q4_0(weights, config.cpu_dots)
     if ops.name != "cuda":
         return weights
     dev = _dense_to(ops.to_device)
@@ -47,29 +47,37 @@ def place_weights(ops, weights, config=None):
                    layers=tuple(placed(lw, dev) for lw in weights.layers))
 
 
-def interleaved_experts(weights, dots):
-    """weights with each MoE layer's q4_0 expert banks rewritten in place as kernels/qinterleave.py's
-    16-row groups, when the cpu kernels read that layout here: int8 dots and the int8 tile GEMM on
-    VNNI (qgemm.fast_here; elsewhere prefill dequantizes rows for BLAS, which takes the file's
-    layout). Logged either way when there is a q4_0 bank."""
+def interleaved_q4_0(weights, dots):
+    """weights with their q4_0 matrices rewritten in place as kernels/qinterleave.py's 16-row
+    groups, when the cpu kernels read that layout here: int8 dots and the int8 tile GEMM on VNNI
+    (qgemm.fast_here; elsewhere prefill dequantizes rows for BLAS, which takes the file's layout).
+    Which: each MoE layer's expert banks, and the attention's qkv and o_proj when every layer's
+    can be (decode_stack keeps one kind of slot for all layers). Logged either way when there is
+    a q4_0 one."""
     from freetoken.kernels import qgemm
     from freetoken.kernels.qinterleave import can_interleave, interleave
-    banks = [f for lw in weights.layers if lw.router is not None for f in ("gate_up", "down")
-             if can_interleave(getattr(lw, f))]
-    if not banks:
+    names = [_interleavable(lw, can_interleave) for lw in weights.layers]
+    dense = all({"qkv", "o_proj"} <= set(n) for n in names)
+    names = [[f for f in n if dense or f in ("gate_up", "down")] for n in names]
+    count = sum(map(len, names))
+    if not count:
         return weights
     if dots != "int8" or not qgemm.fast_here():
         why = "--cpu-dots f32" if dots != "int8" else "no VNNI here: prefill dequantizes the rows for BLAS"
-        logger.info("cpu experts: q4_0 banks kept in the file's layout (%s)", why)
+        logger.info("cpu weights: q4_0 kept in the file's layout (%s)", why)
         return weights
     start = time.perf_counter()
-    layers = tuple(replace(lw, **{f: interleave(getattr(lw, f)) for f in ("gate_up", "down")
-                                  if can_interleave(getattr(lw, f))}) if lw.router is not None else lw
-                   for lw in weights.layers)
-    logger.info("cpu experts: %d q4_0 banks interleaved 16 rows at a time, in place, in %.2f s "
-                "(decode dots 16 rows a step; --no-cpu-interleave-experts keeps the file's layout)",
-                len(banks), time.perf_counter() - start)
+    layers = tuple(replace(lw, **{f: interleave(getattr(lw, f)) for f in n}) for lw, n in zip(weights.layers, names))
+    logger.info("cpu weights: %d q4_0 matrices (%s) interleaved 16 rows at a time, in place, in %.2f s (decode dots "
+                "16 rows a step; --no-cpu-interleave-q4-0 keeps the file's layout)", count,
+                "expert banks, qkv, o_proj" if dense else "expert banks", time.perf_counter() - start)
     return replace(weights, layers=layers)
+
+
+def _interleavable(lw, can_interleave) -> list[str]:
+    """The fields of layer lw that could be interleaved: its routed expert banks, qkv, o_proj."""
+    fields_ = ("gate_up", "down") if lw.router is not None else ()
+    return [f for f in fields_ + ("qkv", "o_proj") if can_interleave(getattr(lw, f, None))]
 
 
 def _dense_to(to_device):

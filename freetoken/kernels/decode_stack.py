@@ -25,6 +25,7 @@ import numpy as np
 
 from freetoken.kernels._numba import SERIAL, njit
 from freetoken.kernels.decode_layer import OK, _layer, _raise_for, layer_slots, step_arrays
+from freetoken.kernels.qinterleave import CODE as X16
 
 logger = logging.getLogger("freetoken")
 
@@ -107,7 +108,8 @@ def _uniform(layers, banks, dots):
 
 def _qkv_as_parts(per_layer):
     """Where some layers' qkv is two quantized parts and others' one quantized array, the one
-    array as two parts too, split where the others split (their q|k rows, then v); else as given."""
+    array as two parts too, split where the others split (their q|k rows, then v); else as given
+    (an interleaved array too: its rows are groups of 16; the step then runs a call a layer)."""
     pairs = {t[1][0].shape[0] for t in per_layer if t[1][0] is not None and t[1][3] is not None}
     if len(pairs) != 1:
         return per_layer
@@ -115,7 +117,7 @@ def _qkv_as_parts(per_layer):
     out = []
     for t in per_layer:
         q0, c0, i0, q1, _, _, rows, plain = t[1]
-        if q0 is not None and q1 is None and rows is None and plain is None and q0.shape[0] > m0:
+        if q0 is not None and q1 is None and rows is None and plain is None and q0.shape[0] > m0 and c0 != X16:
             t = (t[0], (q0[:m0], c0, i0, q0[m0:], c0, i0, None, None)) + t[2:]
         out.append(t)
     return out

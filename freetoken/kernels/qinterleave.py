@@ -1,5 +1,5 @@
 """q4_0 rows interleaved 16 at a time, the kernels' side: the CPU layout of a q4_0 expert bank
-made at load (kernels/qformats.py's LAYOUTS entry "q4_0x16"; its bytes: kernels/qlayout.py), so
+(and of a model's q4_0 qkv and o_proj) made at load (kernels/qformats.py's LAYOUTS entry "q4_0x16"; its bytes: kernels/qlayout.py), so
 that a decode GEMV's int8 dot gives 16 rows a step (kernels/_simd_interleave.py). Why: in the
 file's layout each row's 32-value blocks end in a horizontal sum of the dot's lanes before the
 block's scale applies, about half of a q4_0 row dot's time; with lane j of every vpdpbusd holding
@@ -8,7 +8,7 @@ bench/kernels/q4_0_repack_probe.c in C).
 
 A bank u8[S, R, NB, 18] becomes u8[S, R/16, NB, 288] over the same bytes (``interleave``: in
 place, so the bank's memory is not doubled). Only the cpu backend takes it, and only where the
-int8 tile GEMM runs its prefill (VNNI; engine/build.interleaved_experts): every kernel that reads
+int8 tile GEMM runs its prefill (VNNI; engine/build.interleaved_q4_0): every kernel that reads
 the bank there reads this layout; GPU slots and the hybrid's CPU branch keep the file's. (The dot and
 the tile GEMM's unpacking: _simd.idot_q4_0x16, _simd.unpack_q4_0x16.)
 

@@ -93,6 +93,8 @@ def test_one_array_qkv_is_split_where_other_layers_have_two_parts():
     assert split[1] == layers[1] and split[2] == layers[2]
     two_splits = [layers[0], layers[1], ("n", (pair[0][:3], 7, True, pair[1], 9, True, None, None))]
     assert decode_stack._qkv_as_parts(two_splits) == two_splits      # pairs split at two rows: as given
+    grouped = [("n", (np.zeros((1, 2, 288), np.uint8), 12, True, None, 0, False, None, None)), layers[1]]
+    assert decode_stack._qkv_as_parts(grouped) == grouped            # interleaved rows (16 an entry): as given
 
 
 @pytest.mark.parametrize("slots, table, message", [

@@ -1,6 +1,6 @@
 """A Q4_0 GGUF on the cpu backend (tests/fixtures/gguf/qwen3moe_256-q4_0.gguf): its expert banks
-interleaved 16 rows at a time at load (kernels/qinterleave.py, engine/build.interleaved_experts),
-the default, against --no-cpu-interleave-experts and the ref backend, through the LLM API."""
+interleaved 16 rows at a time at load (kernels/qinterleave.py, engine/build.interleaved_q4_0),
+the default, against --no-cpu-interleave-q4-0 and the ref backend, through the LLM API."""
 import logging
 
 import numpy as np
@@ -19,7 +19,7 @@ def _run(backend, ids, prompt, **options):
     try:
         core = llm.core
         names = {format_of(getattr(core.weights.layers[i], f)).name
-                 for i in core.model_config.moe_layers for f in ("gate_up", "down")}
+                 for i in core.model_config.moe_layers for f in ("gate_up", "down", "qkv", "o_proj")}
         tokens = llm.generate([prompt], SamplingParams(max_tokens=32, ignore_eos=True))[0].token_ids
         return names, teacher_forced_logits(llm, ids), tokens
     finally:
@@ -42,7 +42,7 @@ def test_the_cpu_backend_interleaves_q4_0_experts_and_keeps_their_results(q4_0, 
     exp, ids, prompt = q4_0
     on = _run("cpu", ids, prompt)
     said = [r.getMessage() for r in caplog.records if "interleaved 16 rows" in r.getMessage()]
-    off = _run("cpu", ids, prompt, cpu_interleave_experts=False)
+    off = _run("cpu", ids, prompt, cpu_interleave_q4_0=False)
     assert on[0] == {"q4_0x16"} and off[0] == {"q4_0"} and len(said) == 1
     P = len(prompt)
     np.testing.assert_allclose(on[1], off[1], atol=0.05, rtol=0)
