@@ -10,7 +10,7 @@ from freetoken.kernels import experts, linear_quant, qgemm
 from freetoken.kernels._numba import njit
 from freetoken.kernels._simd import idot_q4_0x16
 from freetoken.kernels.qact import dequantize_ref as rounded_values, quantize
-from freetoken.kernels.qformats import dequantize_ref, format_of, logical_shape, random_blocks
+from freetoken.kernels.qformats import FORMATS, LAYOUTS, dequantize_ref, format_of, logical_shape, random_blocks
 from freetoken.kernels.qinterleave import can_interleave, interleave
 from freetoken.kernels.qlayout import deinterleave, interleave_ref
 
@@ -26,6 +26,14 @@ def test_the_layout_holds_the_same_rows_and_is_made_in_place():
     np.testing.assert_array_equal(interleave_ref(keep), out)         # numpy's way, the same bytes
     np.testing.assert_array_equal(dequantize_ref(out), dequantize_ref(keep))
     assert not can_interleave(out)                                   # twice is refused, not scrambled
+
+
+def test_a_layouts_block_size_names_it_alone():
+    """Formats are told apart by their block bytes (qformats.format_of): 288 is no file format's,
+    and the layouts' codes follow the file formats' (the kernels switch on them)."""
+    sizes = [f.nbytes for f in FORMATS + LAYOUTS]
+    assert len(set(sizes)) == len(sizes)
+    assert [f.code for f in FORMATS + LAYOUTS] == list(range(len(sizes)))
 
 
 @pytest.mark.parametrize("w", [np.zeros((40, 8, 18), np.uint8), np.zeros((32, 8, 34), np.uint8),
