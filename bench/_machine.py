@@ -58,3 +58,19 @@ def machine() -> dict:
             "kernel": platform.release(), "python": platform.python_version(),
             "freetoken": __version__, "freetoken_commit": git_commit(),
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+
+
+def spread(values) -> str:
+    """"median [min-max]" of a list of rates, one decimal: a table cell of the kernel benchmarks."""
+    values = sorted(values)
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return f"{median:.1f} [{values[0]:.1f}-{values[-1]:.1f}]"
+
+
+def write_results(out, rows: list) -> None:
+    """{"machine": machine(), "rows": rows} as JSON at out (its folder made), said on stdout."""
+    import json
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
+    print(f"# wrote {out}")

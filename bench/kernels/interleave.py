@@ -12,7 +12,6 @@ G weights/s = weights read / seconds; each round times both layouts, the table g
 ranges and the median of the per-round ratios (interleaved / file layout).
 """
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from _machine import machine  # noqa: E402
+from _machine import spread, write_results  # noqa: E402
 from freetoken.kernels import experts, linear_quant  # noqa: E402
 from freetoken.kernels.qformats import random_blocks  # noqa: E402
 from freetoken.kernels.qlayout import interleave_ref  # noqa: E402
@@ -83,13 +82,11 @@ def main(argv=None):
     print(f"{'case':24} {'q4_0 G w/s':>20} {'q4_0x16 G w/s':>20} {'ratio':>18}")
     for label, case in cases:
         r = measure(label, case, args.rounds)
-        cells = [f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}]" for v in r["runs"].values()]
+        cells = [spread(v) for v in r["runs"].values()]
         span = f"{r['ratio']:.2f} [{min(r['ratios']):.2f}-{max(r['ratios']):.2f}]"
         print(f"{label:24} {cells[0]:>20} {cells[1]:>20} {span:>18}")
         rows.append(r)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
-    print(f"# wrote {args.out}")
+    write_results(args.out, rows)
 
 
 if __name__ == "__main__":

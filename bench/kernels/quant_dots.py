@@ -11,7 +11,6 @@ table gives each mode's median and range over the rounds and the median of the p
 A small shape stays in the last-level cache (compute bound); a big one streams from DRAM.
 """
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from _machine import machine  # noqa: E402
+from _machine import spread, write_results  # noqa: E402
 from freetoken.kernels import linear_quant  # noqa: E402
 from freetoken.kernels.qformats import format_named, random_blocks  # noqa: E402
 
@@ -65,12 +64,10 @@ def main(argv=None):
         for fmt in args.formats.split(","):
             format_named(fmt)
             r = measure(fmt, M, K, args.rounds, rng)
-            cells = [f"{statistics.median(r['runs'][d]):.1f} [{min(r['runs'][d]):.1f}-{max(r['runs'][d]):.1f}]" for d in MODES]
+            cells = [spread(r["runs"][d]) for d in MODES]
             print(f"{fmt:7} {shape:>12} {r['MB']:6.1f} {cells[0]:>20} {cells[1]:>20} {r['ratio']:8.2f}")
             rows.append(r)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
-    print(f"# wrote {args.out}")
+    write_results(args.out, rows)
 
 
 if __name__ == "__main__":
