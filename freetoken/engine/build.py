@@ -52,8 +52,8 @@ def interleaved_q4_0(weights, dots):
     groups, when the cpu kernels read that layout here: int8 dots and the int8 tile GEMM on VNNI
     (qgemm.fast_here; elsewhere prefill dequantizes rows for BLAS, which takes the file's layout).
     Which: each MoE layer's expert banks, and the attention's qkv and o_proj when every layer's
-    can be (decode_stack keeps one kind of slot for all layers). Logged either way when there is
-    a q4_0 one."""
+    can be (a layer whose qkv is two parts keeps the others' one array splittable at any row:
+    decode_stack._qkv_as_parts). Logged either way when there is a q4_0 one."""
     from freetoken.kernels import qgemm
     from freetoken.kernels.qinterleave import can_interleave, interleave
     names = [_interleavable(lw, can_interleave) for lw in weights.layers]

@@ -35,7 +35,7 @@ SERIAL_NAN_SAFE = dict(SERIAL, fastmath=NAN_SAFE_MATH)
 _OVERLOAD_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
                           for name in ("_numba.py", "_simd.py", "_simd_ir.py", "_simd_int8.py",
                                         "_simd_int8_low.py", "_simd_interleave.py", "_simd_itile.py", "_simd_igemm.py", "_simd_bf16.py",
-                                        "_simd_attn.py", "_isa.py"))
+                                        "_simd_attn.py", "_isa.py", "qlayout.py"))
 
 _lock = threading.RLock()
 _numba = None

@@ -7,6 +7,7 @@ from freetoken.kernels._simd import prefetch_ahead
 from freetoken.kernels import linear_quant
 from freetoken.kernels.qact import rounded, rounded_ref, wants_int8
 from freetoken.kernels.qformats import dequantize_ref, is_quantized, logical_shape
+from freetoken.kernels.qinterleave import require_int8, row_range
 from freetoken.kernels._blas_pool import run_items, workers
 from freetoken.kernels._numba import (HOT, SERIAL, dot, dots, from_bits, njit, prange, split_x,
                                       weight_rows)
@@ -178,7 +179,7 @@ def _blas(x, w, out):
 
     def block(m0, buf):
         m1 = min(M, m0 + rows)
-        wf = w[m0:m1] if buf is None else _rows_f32(w[m0:m1], buf[:m1 - m0])
+        wf = w[m0:m1] if buf is None else _rows_f32(row_range(w, m0, m1), buf[:m1 - m0])
         np.matmul(x, wf.T, out=out[:, m0:m1])
 
     run_items(range(0, M, rows), block, scratch)
@@ -200,6 +201,7 @@ def cpu(x, w, out=None, *, dots="f32"):
     if out is None:
         out = np.empty((T, M), np.float32)
     if is_quantized(w):
+        require_int8(w, wants_int8(w, dots))            # an interleaved q4_0 (kernels/qinterleave.py)
         if T >= linear_quant.GEMM_MIN_T and linear_quant.uses_gemm(w, dots):
             return linear_quant.gemm(x, w, out)
         if T < BLAS_MIN_T:

@@ -52,9 +52,9 @@ def _interleave_all(flat, groups, nb):
 
 
 def can_interleave(w) -> bool:
-    """Whether w is a C-contiguous q4_0 weight u8[..., R, NB, 18] with R a multiple of G."""
+    """Whether w is a C-contiguous, writable q4_0 weight u8[..., R, NB, 18] with R a multiple of G."""
     return (is_quantized(w) and format_of(w).code == Q4_0 and w.ndim >= 3 and w.shape[-3] % G == 0
-            and w.flags.c_contiguous)
+            and w.flags.c_contiguous and w.flags.writeable)
 
 
 def interleave(w):
@@ -74,6 +74,8 @@ def dequant_groups(w, out):
     """out f32[R, NB*32] = the values of an interleaved weight's rows (w u8[R/16, NB, 288]),
     d * (u - 8) in fp32 as gguf-py's q4_0 (one rounding: u - 8 is exact), each row unpacked as the
     int8 tile GEMM unpacks it (_simd.unpack_q4_0x16)."""
+    if out.shape[0] != w.shape[0] * G or out.shape[1] != w.shape[1] * 32:
+        raise ValueError("dequant_groups: out must be f32[16 * groups, NB * 32]")
     u = np.empty(out.shape[1], np.uint8)
     a, c = np.empty(w.shape[1], np.float32), np.empty(w.shape[1], np.float32)
     for g in range(w.shape[0]):
@@ -81,6 +83,16 @@ def dequant_groups(w, out):
             unpack_q4_0x16(w[g], j, u, a, c)
             for v in range(out.shape[1]):
                 out[G * g + j, v] = a[v // 32] * (np.float32(u[v]) - np.float32(8.0))
+
+
+def row_range(w, m0, m1):
+    """Rows m0 .. m1 of a weight w: w[m0:m1], or the groups holding them when w is interleaved
+    (m0 and m1 then multiples of G, or m1 its end; ValueError otherwise)."""
+    if not is_quantized(w) or format_of(w).rows == 1:
+        return w[m0:m1]
+    if m0 % G or (m1 % G and m1 != w.shape[0] * G):
+        raise ValueError(f"rows {m0}..{m1} of an interleaved weight do not start and end on groups of {G}")
+    return w[m0 // G:-(-m1 // G)]
 
 
 def require_int8(w, int8) -> None:

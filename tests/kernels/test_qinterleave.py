@@ -6,12 +6,12 @@ fp32 rounding."""
 import numpy as np
 import pytest
 
-from freetoken.kernels import experts, linear_quant, qgemm
+from freetoken.kernels import experts, linear, linear_quant, qgemm
 from freetoken.kernels._numba import njit
 from freetoken.kernels._simd import idot_q4_0x16
 from freetoken.kernels.qact import dequantize_ref as rounded_values, quantize
 from freetoken.kernels.qformats import FORMATS, LAYOUTS, dequantize_ref, format_of, logical_shape, random_blocks
-from freetoken.kernels.qinterleave import can_interleave, interleave
+from freetoken.kernels.qinterleave import can_interleave, interleave, row_range
 from freetoken.kernels.qlayout import deinterleave, interleave_ref
 
 
@@ -86,16 +86,31 @@ def test_experts_read_either_layout_alike(T, tiles, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("T", [1, 4, 40])
-def test_the_linear_op_reads_it_too(T):
+@pytest.mark.parametrize("T", [1, 4, 12, 40])
+@pytest.mark.parametrize("tiles", [True, False], ids=["vnni-tiles", "blas"])
+def test_the_linear_op_reads_it_too(T, tiles, monkeypatch):
+    """linear.cpu on every path: the GEMV (1, 4 tokens; 12 without VNNI), the tile GEMM (12, 40
+    with it) and BLAS over dequantized blocks of rows (40 without: blocks of 16 rows, so a block
+    is whole groups)."""
+    monkeypatch.setattr(qgemm, "fast_here", lambda: tiles)
     rng = np.random.default_rng(3)
     w = random_blocks("q4_0", (96,), 256, rng)
     x = rng.standard_normal((T, 256)).astype(np.float32)
-    want = linear_quant.gemv(x, w, np.empty((T, 96), np.float32), "int8")
-    got = linear_quant.gemv(x, interleave_ref(w), np.empty((T, 96), np.float32), "int8")
+    want = linear.cpu(x, w, dots="int8")
+    got = linear.cpu(x, interleave_ref(w), dots="int8")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     np.testing.assert_array_equal(linear_quant.dequant_rows(interleave_ref(w), np.empty((96, 256), np.float32)),
                                   dequantize_ref(w))
+
+
+def test_a_row_range_of_groups_is_whole_groups():
+    w = interleave_ref(random_blocks("q4_0", (48,), 64, np.random.default_rng(5)))
+    assert row_range(w, 16, 48).shape == (2, 2, 288) and row_range(w, 32, 48).shape == (1, 2, 288)
+    for m0, m1 in ((8, 16), (0, 40)):
+        with pytest.raises(ValueError, match="groups of 16"):
+            row_range(w, m0, m1)
+    with pytest.raises(ValueError, match="16 \\* groups"):
+        linear_quant.dequant_rows(w, np.empty((40, 64), np.float32))
 
 
 def test_fp32_dots_refuse_it_by_name():
@@ -104,5 +119,8 @@ def test_fp32_dots_refuse_it_by_name():
     x = rng.standard_normal((1, 256)).astype(np.float32)
     with pytest.raises(ValueError, match="q4_0x16 .* int8 dots only"):
         experts.cpu(x, np.zeros((1, 3), np.int32), np.ones((1, 3), np.float32), gu, dn, dots="f32")
+    w = interleave_ref(random_blocks("q4_0", (16,), 256, rng))
     with pytest.raises(ValueError, match="int8 dots only"):
-        linear_quant.gemv(x, interleave_ref(random_blocks("q4_0", (16,), 256, rng)), np.empty((1, 16), np.float32))
+        linear_quant.gemv(x, w, np.empty((1, 16), np.float32))
+    with pytest.raises(ValueError, match="int8 dots only"):                  # many tokens: BLAS's path
+        linear.cpu(np.ones((64, 256), np.float32), w, dots="f32")
