@@ -87,12 +87,12 @@ def dequant_groups(w, out):
 
 def row_range(w, m0, m1):
     """Rows m0 .. m1 of a weight w: w[m0:m1], or the groups holding them when w is interleaved
-    (m0 and m1 then multiples of G, or m1 its end; ValueError otherwise)."""
+    (m0 and m1 then multiples of G, as its row count is; ValueError otherwise)."""
     if not is_quantized(w) or format_of(w).rows == 1:
         return w[m0:m1]
-    if m0 % G or (m1 % G and m1 != w.shape[0] * G):
+    if m0 % G or m1 % G:
         raise ValueError(f"rows {m0}..{m1} of an interleaved weight do not start and end on groups of {G}")
-    return w[m0 // G:-(-m1 // G)]
+    return w[m0 // G:m1 // G]
 
 
 def require_int8(w, int8) -> None:
