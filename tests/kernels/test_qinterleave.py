@@ -124,3 +124,55 @@ def test_fp32_dots_refuse_it_by_name():
         linear_quant.gemv(x, w, np.empty((1, 16), np.float32))
     with pytest.raises(ValueError, match="int8 dots only"):                  # many tokens: BLAS's path
         linear.cpu(np.ones((64, 256), np.float32), w, dots="f32")
+
+
+_OTHER_TARGET = r"""
+import numpy as np
+from freetoken.kernels import _isa, _simd
+from freetoken.kernels._numba import load_numba
+from freetoken.kernels.qact import dequantize_ref as rounded_values, quantize
+from freetoken.kernels.qformats import dequantize_ref, random_blocks
+from freetoken.kernels.qlayout import interleave_ref
+name, features = _isa.host()
+assert name == "{cpu}" and _isa.int8_dot_path(features) == "{path}", (name, _isa.int8_dot_path(features))
+assert ("f16c" in features) == {f16c}
+@load_numba().njit                                       # plain numba: this source is no file
+def dot(entries, xq, xd, xs, out):
+    _simd.idot_q4_0x16(entries, xq, xd, xs, out)
+@load_numba().njit
+def unpack(entries, j, u, a, c):
+    _simd.unpack_q4_0x16(entries, j, u, a, c)
+rng = np.random.default_rng(2)
+w = random_blocks("q4_0", (16,), 256, rng)
+x = rng.standard_normal((1, 256)).astype(np.float32)
+q, d, s = quantize(x)
+out = np.zeros(16, np.float32)
+dot(interleave_ref(w)[0], q.reshape(8, 32), d.reshape(8, 1), s.reshape(8, 1), out)
+want = dequantize_ref(w) @ rounded_values(q, d)[0]
+np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+u, a, c = np.zeros(8 * 32, np.uint8), np.zeros(8, np.float32), np.ones(8, np.float32)
+unpack(interleave_ref(w)[0], 5, u, a, c)
+np.testing.assert_array_equal((u.reshape(8, 32) * a[:, None] - 8 * a[:, None]).ravel(), dequantize_ref(w)[5])
+assert (c == 0).all()
+print("ok")
+"""
+
+
+HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cx16,+f16c,+fma,+lzcnt,+movbe,+pclmul,+popcnt,+sse,+sse2,+sse3,+sse4.1,"
+           "+sse4.2,+ssse3,+xsave")           # numba would add the host's own features to the name's
+
+
+@pytest.mark.parametrize("cpu, features, path, f16c", [("haswell", HASWELL, "avx2", True), ("generic", "", "generic", False)])
+def test_the_16_row_dot_on_a_cpu_without_vnni(cpu, features, path, f16c, tmp_path):
+    """The AVX2 (pairwise multiply-adds) and portable paths, the latter with the fp16 scales read one
+    at a time (no F16C), for a numba target of such a CPU in a fresh process: the engine interleaves
+    only under VNNI, but the op is anyone's to call."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=str(tmp_path))
+    if features:
+        env["NUMBA_CPU_FEATURES"] = features
+    child = _OTHER_TARGET.replace("{cpu}", cpu).replace("{path}", path).replace("{f16c}", str(f16c))
+    run = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
