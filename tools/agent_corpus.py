@@ -18,6 +18,15 @@ CAPTURES = ROOT / "tests" / "server" / "fixtures" / "harnesses"
 WORDS = ("apple banana cherry delta echo falcon garden harbor island jungle kettle lemon meadow "
          "nickel orange pepper quartz river silver tiger umbrella violet walnut yellow zebra "
          "hello world project notes todo release draft budget summary meeting").split()
+# The live launch tests' first words (tests/server/test_live_launch.py takes them from here): no
+# note, path or vocabulary word of the corpus is one of them, so those tests measure copying, not recall.
+HELD_OUT_WORDS = ("marble", "copper", "harvest", "planet", "window", "lantern", "tunnel", "rocket", "pencil", "castle")
+# Pseudo-words are built from these: English-looking words the code-trained tokenizer splits into 2-5
+# pieces, as it splits a user's ordinary words (t|un|nel, ro|cket), which only copying gets right.
+ONSETS = ("", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w", "br", "cl", "cr", "dr",
+          "fl", "gr", "pl", "pr", "sl", "st", "tr", "sh", "ch", "th")
+VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ea", "oo", "ou")
+CODAS = ("", "", "", "n", "r", "l", "s", "t", "st", "nd", "rn", "ck", "ll", "m", "p", "ng", "rk")
 DIRS = ("src", "lib", "app", "tests", "docs", "scripts", "pkg")
 CWDS = ("/home/user/project", "/home/dev/app", "/tmp/work", "/srv/repo", "/home/ana/code/tool")
 
@@ -71,7 +80,31 @@ def vocabulary(stdlib: list[Path]) -> list[str]:
     words = set(WORDS)
     for path in stdlib:
         words.update(w for w in re.findall(r"[a-z]{3,12}", path.read_text(errors="replace")))
-    return sorted(words)
+    return sorted(words - set(HELD_OUT_WORDS))
+
+
+def token_pieces() -> list[str]:
+    """The tokenizer's pieces that are lower-case letters alone (1,603 of 4,096): the alphabet a
+    copied word is made of; a token the model never had to copy is one it cannot copy."""
+    import re
+    vocab = json.loads((ROOT / "freetoken" / "data" / "synth-tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+    return sorted(t for t in vocab if re.fullmatch("[a-z]+", t))
+
+
+def piece_word(rng: random.Random, pieces: list[str]) -> str:
+    """One to three pieces drawn alike from every letters-only token, never a held-out word."""
+    while True:
+        word = "".join(rng.choice(pieces) for _ in range(rng.choice((1, 2, 2, 3))))
+        if 3 <= len(word) <= 14 and word not in HELD_OUT_WORDS:
+            return word
+
+
+def pseudo_word(rng: random.Random) -> str:
+    """Two or three syllables, onset + vowel + coda, never a held-out word."""
+    while True:
+        word = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(rng.choice((2, 2, 3))))
+        if 4 <= len(word) <= 12 and word not in HELD_OUT_WORDS:
+            return word
 
 
 class Files:
@@ -80,14 +113,20 @@ class Files:
     def __init__(self, rng: random.Random, stdlib: list[Path]):
         self.rng, self.stdlib = rng, stdlib
         self.words = vocabulary(stdlib)
+        self.pieces = token_pieces()
 
     def word(self) -> str:
-        """Mostly a word of the sources, some common ones, and one in ten letters and digits at
-        random: a string no vocabulary holds, which only copying gets right."""
+        """A word of the sources (one in three), a pseudo-word (one in four), tokenizer pieces joined
+        (one in four), letters and digits at random (one in ten: strings no vocabulary holds, which
+        only copying gets right), or a common one."""
         roll = self.rng.random()
         if roll < 0.1:
             return "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(self.rng.randint(3, 10)))
-        return self.rng.choice(self.words) if roll < 0.8 else self.rng.choice(WORDS)
+        if roll < 0.35:
+            return pseudo_word(self.rng)
+        if roll < 0.6:
+            return piece_word(self.rng, self.pieces)
+        return self.rng.choice(self.words) if roll < 0.93 else self.rng.choice(WORDS)
 
     def note(self) -> tuple[str, str]:
         name = self.rng.choice(["notes", "todo", "readme", "draft", "log", "plan", "ideas", self.word(), self.word()])

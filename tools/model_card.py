@@ -38,11 +38,29 @@ def _stage1(model_dir: Path) -> list[str]:
               "Claude Code's Read results as it really sends them (`N<tab>line`) and draws Claude Code's tool "
               "list twice as often as the others; stage 4's passes paths as the user wrote them (Claude Code "
               "resolves a relative one), gives Codex's command output its captured header and makes one word "
-              "in ten random letters and digits; the last one's (the current tools/agent_corpus.py) answers "
-              "what it copies from a tool result between backticks, so that the answer repeats the result's "
-              "tokens, and adds aider's conversations (tools/aider_corpus.py); stage 5 and the last one ran on it, "
-              "the last with reading tasks weighted up.", ""]
+              "in ten random letters and digits; stage 5's answers what it copies from a tool result between "
+              "backticks, so that the answer repeats the result's tokens, and adds aider's conversations "
+              "(tools/aider_corpus.py); stage 6 ran on it with reading tasks weighted up; stage 7's never draws "
+              "the live launch tests' first words (HELD_OUT_WORDS) and makes a third of the note words "
+              "pseudo-words of two or three syllables (split by the tokenizer as a user's words are: t|un|nel); "
+              "the last one's (the current tools/agent_corpus.py) makes a quarter of them pseudo-words and a "
+              "quarter one to three of the tokenizer's 1,603 letters-only pieces joined (so that every piece is "
+              "once a word to copy); stages 7 and 8 weigh the copied tokens between backticks `--copy-weight` "
+              "times in the loss.", ""]
     return out
+
+
+def _sampling(model_dir: Path) -> list[str]:
+    gen = json.loads((model_dir / "generation_config.json").read_text())
+    if gen.get("do_sample") is not False:
+        return []
+    return ["## Sampling", "",
+            "`generation_config.json` says `do_sample: false`, so a server answers a request that sets no sampling "
+            "fields (Claude Code's and Codex's) greedily; a request's own temperature still applies. Replaying the "
+            "harnesses' second turns of the live launch tests with their ten first words (`tools/copy_replay.py`, "
+            "2026-12-07), the first word came back right 9, 9 and 7 times of 10 (Claude Code, Codex, aider) greedily, "
+            "6, 6 and 5 at temperature 1, and 8, 8 and 6 with Qwen3's recommended 0.7 / top-p 0.8 / top-k 20: "
+            "a model this small samples its copying mistakes.", ""]
 
 
 def _architecture(cfg: dict) -> list[str]:
@@ -81,6 +99,7 @@ def write_card(model_dir: Path, ev: dict) -> None:
     cfg = json.loads((model_dir / "config.json").read_text())
     a = log["args"]
     losses = [r["loss"] for r in log["log"]]
+    copy = f" --copy-weight {a['copy_weight']:g}" if a.get("copy_weight", 1.0) != 1.0 else ""
     kind = "Gated DeltaNet hybrid MoE" if "layer_types" in cfg else "Qwen3-MoE"
     lines = [f"# {model_dir.name}", "",
              f"A tiny {kind} causal language model that acts like an agent's model: given a harness's tools",
@@ -100,7 +119,8 @@ def write_card(model_dir: Path, ev: dict) -> None:
              "", "## Training", "",
              f"`tools/train_demo.py{' --arch hybrid' if a.get('arch') == 'hybrid' else ''} --steps {a['steps']} "
              f"--seq {a['seq']} --batch {a['batch']} --lr {a['lr']} "
-             f"--seed {a['seed']} --code-share {a['code_share']}`, from `--init {Path(a['init']).name}`: "
+             f"--seed {a['seed']} --code-share {a['code_share']}"
+             f"{copy}`, from `--init {Path(a['init']).name}`: "
              f"{log['steps']} steps, {log['tokens']:,} tokens, {log['minutes']} minutes on 2 CPU cores (torch "
              f"{a.get('torch', '2.13.0')}, CPU). Loss on the assistant's tokens (all tokens of code documents): "
              f"{losses[0]} at step 1, {losses[len(losses) // 2]} half way, {losses[-1]} at the end.", "",
@@ -120,7 +140,7 @@ def write_card(model_dir: Path, ev: dict) -> None:
              "ones); copying is its weak point: most wrong answers are words copied wrongly from the tool result "
              "(one held-out word in ten is random letters and digits). Routing locality on held-out code, chats and agent sessions: "
              "docs/performance.md and bench/traces/ (bench/record_traces.py `--model`).", "",
-             "## Samples", ""]
+             *_sampling(model_dir), "## Samples", ""]
     for smp in ev["answers"]["samples"]:
         reply = " ".join(smp["reply"].split("</think>")[-1].split())[:160]      # the answer, on one line
         lines += [f"- {smp['harness']}: *{smp['request']}* → after the call and its result: `{reply}`"]

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import random
+import re
 import shutil
 import sys
 import time
@@ -48,27 +49,36 @@ def tokenizer():
     return tok
 
 
-def masked(tok, text: str) -> tuple[list[int], list[int]]:
-    """(ids, loss mask): 1 on each assistant turn's tokens after its header, through <|im_end|>."""
-    ids, mask = [], []
+def masked(tok, text: str, copy_weight: float = 1.0) -> tuple[list[int], list[float]]:
+    """(ids, loss weights): 1 on each assistant turn's tokens after its header, through <|im_end|>;
+    copy_weight on its tokens between backticks (what the answer copies from a tool result: a few
+    tokens of each conversation, and the skill a 4-layer model learns last); 0 elsewhere."""
+    ids, weights = [], []
     head = tok.encode(ASSISTANT)
     for i, part in enumerate(text.split(ASSISTANT)):
         if i:
             ids += head
-            mask += [0] * len(head)
-        piece = tok.encode(part)
-        if i == 0:
-            mask += [0] * len(piece)
-        else:
-            end = part.find("<|im_end|>")
-            n = len(tok.encode(part[:end + len("<|im_end|>")])) if end >= 0 else len(piece)
-            mask += [1] * n + [0] * (len(piece) - n)
-        ids += piece
-    return ids, mask
+            weights += [0.0] * len(head)
+        encoding = tok._tok.encode(part, add_special_tokens=False)      # ids with character offsets
+        ids += encoding.ids
+        end = part.find("<|im_end|>")
+        end = len(part) if end < 0 else end + len("<|im_end|>")
+        quoted = _between_backticks(part[:end])
+        weights += [0.0 if i == 0 or a >= end else copy_weight if quoted[a] else 1.0 for a, _ in encoding.offsets]
+    return ids, weights
 
 
-def documents(tok, rng: random.Random, n_agent: int, n_code: int):
-    """Yield (ids, mask) documents, agent conversations and code chats interleaved at random."""
+def _between_backticks(text: str) -> list[bool]:
+    """Per character: inside an inline `...` span on one line (the backticks and ``` fences
+    excluded), the answer's copied text."""
+    flags = [False] * (len(text) + 1)
+    for m in re.finditer(r"(?<!`)`([^`\n]+)`(?!`)", text):
+        flags[m.start(1):m.end(1)] = [True] * (m.end(1) - m.start(1))
+    return flags
+
+
+def documents(tok, rng: random.Random, n_agent: int, n_code: int, copy_weight: float = 1.0):
+    """Yield (ids, weights) documents, agent conversations and code chats interleaved at random."""
     files = corpus.Files(rng, corpus.stdlib_files())
     hs = corpus.harnesses()
     kinds = ["agent"] * n_agent + ["code"] * n_code
@@ -81,18 +91,18 @@ def documents(tok, rng: random.Random, n_agent: int, n_code: int):
             _, code = files.source()
             text = tok.apply_chat_template([{"role": "user", "content": "Write Python code."},
                                             {"role": "assistant", "content": code}], add_generation_prompt=False)
-        yield masked(tok, text)
+        yield masked(tok, text, copy_weight if kind == "agent" else 1.0)
 
 
 def pack(docs, seq: int, eot: int):
-    """Sequences of exactly seq tokens (inputs, labels with -100 where the loss is off)."""
-    buf_ids, buf_lab = [], []
-    for ids, mask in docs:
+    """Sequences of exactly seq + 1 tokens (inputs, loss weights; 0 where the loss is off)."""
+    buf_ids, buf_w = [], []
+    for ids, weights in docs:
         buf_ids += ids + [eot]
-        buf_lab += [t if m else -100 for t, m in zip(ids, mask)] + [-100]
+        buf_w += weights + [0.0]
         while len(buf_ids) >= seq + 1:
-            yield buf_ids[:seq + 1], buf_lab[:seq + 1]
-            buf_ids, buf_lab = buf_ids[seq:], buf_lab[seq:]
+            yield buf_ids[:seq + 1], buf_w[:seq + 1]
+            buf_ids, buf_w = buf_ids[seq:], buf_w[seq:]
 
 
 SHAPE = dict(hidden=256, layers=4, experts=16, top_k=4, moe_intermediate=128, heads=8, kv_heads=2,
@@ -154,7 +164,7 @@ def train(args) -> dict:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     n_code = int(args.docs * args.code_share)
-    stream = pack(documents(tok, rng, args.docs - n_code, n_code), args.seq, eot=0)
+    stream = pack(documents(tok, rng, args.docs - n_code, n_code, args.copy_weight), args.seq, eot=0)
     log, t0, step = [], time.time(), 0
     while step < args.steps:
         if time.time() - t0 > 60 * args.minutes:
@@ -164,14 +174,16 @@ def train(args) -> dict:
         if batch[-1] is None:
             break
         x = torch.tensor([b[0][:-1] for b in batch])
-        y = torch.tensor([b[1][1:] for b in batch])
+        y = torch.tensor([b[0][1:] for b in batch])
+        w = torch.tensor([b[1][1:] for b in batch])
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
         out = model(input_ids=x, labels=None)
         logits = out.logits.float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                                 ignore_index=-100)
+        per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                      reduction="none")
+        loss = (per_token * w.reshape(-1)).sum() / w.sum().clamp(min=1e-6)
         total = loss + cfg.router_aux_loss_coef * out.aux_loss if out.aux_loss is not None else loss
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -215,6 +227,8 @@ def main(argv=None) -> None:
     ap.add_argument("--minutes", type=float, default=60, help="stop early past this wall time (logged)")
     ap.add_argument("--docs", type=int, default=200_000, help="documents drawn (the run stops at --minutes)")
     ap.add_argument("--code-share", type=float, default=0.15)
+    ap.add_argument("--copy-weight", type=float, default=1.0,
+                    help="loss weight of the answer's tokens between backticks (copied from a tool result)")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
