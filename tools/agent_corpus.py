@@ -87,24 +87,29 @@ def token_pieces() -> list[str]:
     """The tokenizer's pieces that are lower-case letters alone (1,603 of 4,096): the alphabet a
     copied word is made of; a token the model never had to copy is one it cannot copy."""
     import re
-    vocab = json.loads((ROOT / "freetoken" / "data" / "synth-tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+
+    from freetoken.models.demo import synth_tokenizer_dir
+    vocab = json.loads((synth_tokenizer_dir() / "tokenizer.json").read_text())["model"]["vocab"]
     return sorted(t for t in vocab if re.fullmatch("[a-z]+", t))
 
 
-def piece_word(rng: random.Random, pieces: list[str]) -> str:
-    """One to three pieces drawn alike from every letters-only token, never a held-out word."""
+def _allowed(make, shortest: int, longest: int) -> str:
+    """make() until its word is shortest..longest letters long and no held-out word."""
     while True:
-        word = "".join(rng.choice(pieces) for _ in range(rng.choice((1, 2, 2, 3))))
-        if 3 <= len(word) <= 14 and word not in HELD_OUT_WORDS:
+        word = make()
+        if shortest <= len(word) <= longest and word not in HELD_OUT_WORDS:
             return word
+
+
+def piece_word(rng: random.Random, pieces: list[str]) -> str:
+    """One to three pieces drawn alike from every letters-only token."""
+    return _allowed(lambda: "".join(rng.choice(pieces) for _ in range(rng.choice((1, 2, 2, 3)))), 3, 14)
 
 
 def pseudo_word(rng: random.Random) -> str:
-    """Two or three syllables, onset + vowel + coda, never a held-out word."""
-    while True:
-        word = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(rng.choice((2, 2, 3))))
-        if 4 <= len(word) <= 12 and word not in HELD_OUT_WORDS:
-            return word
+    """Two or three syllables, onset + vowel + coda."""
+    syllable = lambda: rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS)  # noqa: E731
+    return _allowed(lambda: "".join(syllable() for _ in range(rng.choice((2, 2, 3)))), 4, 12)
 
 
 class Files:

@@ -19,9 +19,10 @@ import json
 import re
 from pathlib import Path
 
+from agent_corpus import HELD_OUT_WORDS           # the live launch tests' words
+
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "server" / "fixtures" / "harnesses"
 ASK = "Read the file notes.txt and tell me the first word"
-WORDS = "marble,copper,harvest,planet,window,lantern,tunnel,rocket,pencil,castle"     # the live tests'
 MODES = {"greedy": {"temperature": 0}, "default": {}, "t1": {"temperature": 1.0}, "qwen": {"temperature": 0.7, "top_p": 0.8, "top_k": 20}}
 
 
@@ -75,7 +76,7 @@ def main(argv=None) -> None:
     import httpx
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("server")
-    ap.add_argument("--words", default=WORDS)
+    ap.add_argument("--words", default=",".join(HELD_OUT_WORDS))
     ap.add_argument("--modes", default="greedy,default,qwen")
     args = ap.parse_args(argv)
     client = httpx.Client(base_url=args.server, timeout=600, headers={"x-api-key": "x", "authorization": "Bearer x"})

@@ -87,10 +87,8 @@ def harness_env(url: str, home: Path) -> dict:
 
 
 def greedy_demo_server(tmp_path: Path) -> ServerProcess:
-    model = tmp_path / MODEL
-    shutil.copytree(packaged_demo_dir(), model)
-    config = json.loads((model / "generation_config.json").read_text())
-    (model / "generation_config.json").write_text(json.dumps({**config, "do_sample": False}))
+    model = packaged_demo_dir()                  # named MODEL; greedy by its generation_config.json
+    assert model.name == MODEL and json.loads((model / "generation_config.json").read_text())["do_sample"] is False
     (tmp_path / "say.jinja").write_text(SAY_TEMPLATE)
     return ServerProcess("--model", str(model), "--chat-template", str(tmp_path / "say.jinja"),
                          "--max-model-len", CONTEXT)

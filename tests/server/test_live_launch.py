@@ -22,6 +22,9 @@ from pathlib import Path
 import pytest
 from test_live_harness import DEAD_PROXY, claude, npm_harness  # noqa: F401  (claude is a fixture)
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import agent_corpus  # noqa: E402
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 ASK = "Read the file notes.txt and tell me the first word"
@@ -29,10 +32,10 @@ ASK = "Read the file notes.txt and tell me the first word"
 # as the user wrote it (Claude Code 2.1.197's Read resolves a relative one against its working
 # directory), so the directory's name no longer has to be copied. Each harness gets TRIES runs,
 # each in its own mkdtemp directory with its own first word, and must answer RIGHT_AT_LEAST.
-# None of them is in the training corpus: tools/agent_corpus.py holds them as HELD_OUT_WORDS and
+# None of them is in the training corpus: they are tools/agent_corpus.py's HELD_OUT_WORDS, and it
 # draws no note word, path or vocabulary word among them (tests/test_training_corpus.py). Until
 # 2026-12-04 five were among its 40 common words, and those were the ones the model got right.
-WORDS = ["marble", "copper", "harvest", "planet", "window", "lantern", "tunnel", "rocket", "pencil", "castle"]
+WORDS = list(agent_corpus.HELD_OUT_WORDS)
 TRIES = len(WORDS)
 RIGHT_AT_LEAST = 9          # of TRIES: the issue's bar; a failure says how many were wrong
 # Stage 8 of the built-in model (2026-12-07: every letters-only token and pseudo-words as note
