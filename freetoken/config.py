@@ -29,7 +29,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None        # None or {"rope_type": "linear", "factor": f}
+    rope_scaling: dict | None        # None, {"rope_type": "linear", "factor": f} or a "yarn" dict (models/rope_freqs.py)
     max_position_embeddings: int
     tie_word_embeddings: bool
     num_experts: int                 # E
@@ -50,6 +50,14 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0   # 0: no shared expert
     partial_rotary_factor: float = 1.0         # fraction of head_dim that RoPE rotates
     attn_output_gate: bool = False             # q_proj also yields a sigmoid gate per head
+    # gpt-oss (registry.Family.gpt_oss); the defaults describe a model without these features
+    sliding_window: int = 0                    # W: a sliding layer's token sees its last W positions
+    sliding_layers: tuple[int, ...] = ()       # decoder layers that attend over a window of W
+    attention_sinks: bool = False              # a learned logit per query head joins every softmax
+    attention_bias: bool = False               # q/k/v/o projections add a bias
+    expert_bias: bool = False                  # the router and the routed experts add biases
+    swiglu_limit: float = 0.0                  # > 0: the clamped SwiGLU (kernels/experts.py, glu)
+    swiglu_alpha: float = 1.0                  # its sigmoid gain
 
     @property
     def has_gdn(self) -> bool:
@@ -78,6 +86,15 @@ class ModelConfig:
         """GDN conv channels C: q and k (Hk * Dk each) then v (Hv * Dv)."""
         return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
             self.linear_num_value_heads * self.linear_value_head_dim
+
+    def window(self, layer: int) -> int:
+        """W of a sliding-window layer, 0 for a layer that attends over the whole context."""
+        return self.sliding_window if layer in self.sliding_layers else 0
+
+    @property
+    def glu(self) -> tuple[float, float] | None:
+        """(alpha, limit) of the clamped SwiGLU for the experts op, or None (plain SwiGLU)."""
+        return (self.swiglu_alpha, self.swiglu_limit) if self.swiglu_limit > 0 else None
 
     def is_moe_layer(self, layer: int) -> bool:
         """HF Qwen3-MoE rule: sparse unless listed in mlp_only_layers or off the sparse step."""

@@ -142,8 +142,10 @@ class EngineCore:
         if self.plan.moe.backend in CACHED and dev.needs_pinning and not self.host_pool.pinned:
             self.facts = replace(self.facts, host_pinned=False)
             self.plan = make_plan(cfg, self.config, self.facts)
+        biases = [(self.weights.layers[i].gate_up_bias, self.weights.layers[i].down_bias)
+                  for i in cfg.moe_layers] if cfg.expert_bias else None
         return build_moe(cfg, self.host_pool, self.plan.moe, self.ops.experts, logger, dev=dev,
-                         cpu_dots=self.config.cpu_dots)
+                         cpu_dots=self.config.cpu_dots, biases=biases)
 
     def record_routing(self) -> None:
         """From now on, record every decode MoE layer call's routed ids (see moe/trace.py)."""

@@ -1,19 +1,26 @@
 """Causal GQA attention over the token-slot KV pool; pairs: cuda/attention.cu,
-tests/kernels/test_attention.py.
+tests/kernels/test_attention.py (sinks and windows: test_attention_sinks.py).
 
 Token t of sequence s = tok_seq[t] at position p = tok_pos[t] attends to the cached rows at slots
 slot_table[s, 0..p] (inclusive); query head h reads kv group h // (Hq // G). One layout covers
 prefill, chunked prefill over a cached prefix, decode, and batches of sequences mixed in a step.
 
+Keywords (ref, cpu; gpt-oss): ``window`` W > 0 is a sliding window, position p reading only
+slot_table[s, max(0, p-W+1)..p] (W positions; 0: the whole prefix). ``sinks`` f32[Hq], one finite
+learned logit a head: it joins the softmax's denominator as exp(sinks[h] - m), m the max over the
+scores and the sink, and its own weight is dropped (the weights sum to < 1; transformers' eager
+gpt-oss). gpu takes neither yet (NotImplementedError).
+
 Non-finite inputs (cpu and gpu, on every path, follow ``ref``: numpy's exp(s - max) / sum for each
 (token, head) over the token's context). A NaN score (a NaN in the head's q or in a key row the
 token reads) or a +inf one (an inf key coordinate times a q coordinate of the same sign) makes
 that (token, head)'s output NaN, all D of it. A -inf score among finite ones is weight 0: the key
-drops out; a (token, head) whose every score is -inf is NaN (0 / 0). An inf in a value row makes
-that coordinate of the output inf (same sign) for every (token, head) that weighs the row above
-0. Keys and values past a token's position, other heads and other sequences never reach its
-output. Not pinned: an inf value where ref's weight is exactly 0 (a -inf score, or an exp that
-underflows): ref gets 0 * inf = NaN, a kernel's exp may keep a tiny weight there.
+drops out; a (token, head) whose every score is -inf is NaN (0 / 0), or 0 with a sink (0 / its
+exp). An inf in a value row makes that coordinate of the output inf (same sign) for every (token,
+head) that weighs the row above 0. Keys and values past a token's position or before its window,
+other heads and other sequences never reach its output. Not pinned: an inf value where ref's
+weight is exactly 0 (a -inf score, or an exp that underflows): ref gets 0 * inf = NaN, a kernel's
+exp may keep a tiny weight there.
 """
 import numpy as np
 
@@ -26,27 +33,31 @@ from freetoken.kernels._numba import SERIAL, njit
 TILED_MIN = 32   # query tokens of one sequence in a step from which tiled GEMMs beat the kernel
 
 
-def ref(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
+def ref(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None, *, sinks=None, window=0):
     """q f32[T,Hq,D], k_cache, v_cache [N,G,D], slot_table int32[B,C], tok_seq, tok_pos int32[T]
-    -> f32[T,Hq,D]; scores = (q . k) * scale, softmax in fp32."""
+    -> f32[T,Hq,D]; scores = (q . k) * scale, softmax in fp32; sinks f32[Hq] or None, window W
+    (module doc)."""
     T, Hq, D = q.shape
     rep = Hq // k_cache.shape[1]
     res = np.empty((T, Hq, D), np.float32)
     for t in range(T):
-        slots = slot_table[tok_seq[t], :tok_pos[t] + 1]
+        first = max(0, tok_pos[t] - window + 1) if window > 0 else 0
+        slots = slot_table[tok_seq[t], first:tok_pos[t] + 1]
         k = to_f32(k_cache[slots])                               # [n,G,D]
         v = to_f32(v_cache[slots])
         for h in range(Hq):
             s = (k[:, h // rep] @ q[t, h].astype(np.float32)) * np.float32(scale)   # [n]
-            p = np.exp(s - s.max())
-            res[t, h] = (p / p.sum()) @ v[:, h // rep]
+            sink = np.float32(-np.inf if sinks is None else sinks[h])   # none: adds exactly 0 below
+            top = np.maximum(s.max(), sink)                                # NaN stays NaN
+            p = np.exp(s - top)
+            res[t, h] = (p / (p.sum() + np.exp(sink - top))) @ v[:, h // rep]
     if out is None:
         return res
     out[...] = res
     return out
 
 
-def _check(q, k_cache, slot_table, tok_seq, tok_pos):
+def _check(q, k_cache, slot_table, tok_seq, tok_pos, window=0):
     """The kernel does not bounds-check: validate every slot it will read, once per sequence
     (in numba: a decode step's numpy calls here cost more than its attention at short context)."""
     T, Hq, D = q.shape
@@ -55,7 +66,7 @@ def _check(q, k_cache, slot_table, tok_seq, tok_pos):
     if T == 0:
         return
     bad = _first_bad_sequence(np.ascontiguousarray(slot_table, np.int32), np.ascontiguousarray(tok_seq, np.int32),
-                              np.ascontiguousarray(tok_pos, np.int32), N)
+                              np.ascontiguousarray(tok_pos, np.int32), N, *((window,) if window else ()))
     if bad == -2:
         raise IndexError("attention: tok_seq or tok_pos outside slot_table")
     if bad >= 0:
@@ -63,19 +74,21 @@ def _check(q, k_cache, slot_table, tok_seq, tok_pos):
 
 
 @njit(**SERIAL)
-def _first_bad_sequence(slot_table, tok_seq, tok_pos, n_slots):
-    """-1 when every slot the tokens read (slot_table[s, :last position of s + 1]) is in
-    [0, n_slots); else the first sequence that reads one outside, or -2 for a token whose
-    sequence or position is outside slot_table."""
+def _first_bad_sequence(slot_table, tok_seq, tok_pos, n_slots, window=0):
+    """-1 when every slot the tokens read (slot_table[s, first..last] of s's positions, first
+    the earliest window start, 0 without a window) is in [0, n_slots); else the first sequence
+    that reads one outside, or -2 for a token whose sequence or position is outside slot_table.
+    Without a window (decode_layer's call too) numba compiles the code it did before windows."""
     B, C = slot_table.shape
-    last = np.full(B, -1, np.int64)
+    first, last = np.full(B, C, np.int64), np.full(B, -1, np.int64)
     for t in range(tok_seq.shape[0]):
         s, p = tok_seq[t], tok_pos[t]
         if s < 0 or s >= B or p < 0 or p >= C:
             return -2
         last[s] = max(last[s], p)
+        first[s] = min(first[s], max(0, p - window + 1) if window > 0 else 0)
     for s in range(B):
-        for j in range(last[s] + 1):
+        for j in range(first[s], last[s] + 1):
             if slot_table[s, j] < 0 or slot_table[s, j] >= n_slots:
                 return s
     return -1
@@ -93,14 +106,16 @@ def _by_path(tok_seq):
 _NO_TOKENS = np.empty(0, np.int64)
 
 
-def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
+def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None, *, sinks=None, window=0):
     """Same contract as ``ref``: tiled GEMMs (attention_tiles) for the tokens of a sequence
     with many in the step, the split-K decode kernel (attention_decode) for the rest."""
     q = np.ascontiguousarray(q, np.float32)
     slot_table = np.ascontiguousarray(slot_table, np.int32)
     tok_seq = np.ascontiguousarray(tok_seq, np.int32)
     tok_pos = np.ascontiguousarray(tok_pos, np.int32)
-    _check(q, k_cache, slot_table, tok_seq, tok_pos)
+    assert int(window) >= 0 and (sinks is None or np.shape(sinks) == q.shape[1:2]), (window, np.shape(sinks))
+    sinks, window = None if sinks is None else np.ascontiguousarray(sinks, np.float32), int(window)
+    _check(q, k_cache, slot_table, tok_seq, tok_pos, window)
     if out is None:
         out = np.empty(q.shape, np.float32)
     if q.shape[0] == 0:
@@ -108,21 +123,21 @@ def cpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out=None):
     tiled, rest = _by_path(tok_seq)
     if tiled.size:
         attention_tiles.prefill(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out,
-                                tiled)
+                                tiled, sinks, window)
     if rest.size == q.shape[0]:
-        _decode_kernel(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out)
+        _decode_kernel(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, sinks, window)
     elif rest.size:
         part = np.empty((rest.size,) + q.shape[1:], np.float32)
         _decode_kernel(q[rest], k_cache, v_cache, slot_table, tok_seq[rest], tok_pos[rest], scale,
-                       part)
+                       part, sinks, window)
         out[rest] = part
     return out
 
 
-def _decode_kernel(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+def _decode_kernel(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, sinks, window):
     assert k_cache.dtype == v_cache.dtype, "k and v caches must share a dtype"
     attention_decode.run(q, np.ascontiguousarray(k_cache), np.ascontiguousarray(v_cache), slot_table,
-                         tok_seq, tok_pos, scale, out, workers())
+                         tok_seq, tok_pos, scale, out, workers(), sinks, window)
 
 
 # --- gpu (cuda/attention.cu) --------------------------------------------------------------------
@@ -218,11 +233,13 @@ def _prefill(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scal
                  shared_mem=4 * D * (33 + BQ))   # K tile [D][33] + queries [BQ][D]
 
 
-def gpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+def gpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, *, sinks=None, window=0):
     """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,Hq,D] is required. One token per
     sequence (T == B, as every scheduled row has >= 1 token): split-K decode kernel + reduce;
     otherwise the prefill kernel. Both are correct for any layout: the choice is speed only.
     No host synchronisation (capture-safe), so slots are checked only under FREETOKEN_KERNEL_DEBUG."""
+    if sinks is not None or window:
+        raise NotImplementedError("attention sinks / sliding window: no CUDA kernel yet")
     from freetoken.env import flag
     from freetoken.kernels import _cuda
     T, Hq, D = q.shape

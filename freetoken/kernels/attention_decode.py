@@ -1,5 +1,5 @@
 """Decode attention on the CPU: the tokens of sequences with few query tokens in a step (spec:
-attention.ref; called by attention.cpu; tests/kernels/test_attention.py).
+attention.ref; called by attention.cpu; tests/kernels/test_attention.py, test_attention_sinks.py).
 
 One decode token reads its whole context once, so the kernel is a read of the KV rows and must run
 at the box's read bandwidth. What gets it nearer:
@@ -12,7 +12,9 @@ at the box's read bandwidth. What gets it nearer:
   - the weighted V rows sum in registers, 4 heads x 64 values a block (_simd.weighted_v_rows);
   - the records AHEAD slots on in the table are asked for (the table's order is no stream).
 Each item keeps its chunk's max, sum and weighted V rows; a merge rescales them to the common
-max, which gives the softmax over the whole context exactly (up to fp32 rounding).
+max, which gives the softmax over the whole context exactly (up to fp32 rounding). A sliding
+window moves where a token's chunks start (they cover only its W positions); a sink is one more
+partial in the merge, with no values.
 
 Shapes: T step tokens, Hq query heads, G kv groups (rep = Hq // G), D head dim, nch chunks of
 CH positions per token.
@@ -161,14 +163,15 @@ def weighted_rows(p, v_cache, slots, out):
 
 
 @njit(**HOT)
-def partials(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, CH, acc, ml):
+def partials(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, CH, acc, ml, window=0):
     """Every (token, chunk) item's chunk(): q f32[T,Hq,D]; k_cache, v_cache [N,G,D] bf16 bits
-    or f32; acc f32[T,nch,G,rep,D]; ml f32[T,nch,G,rep,2]."""
+    or f32; acc f32[T,nch,G,rep,D]; ml f32[T,nch,G,rep,2]. A token's chunks start at its window's
+    first position (window W > 0), so they cover W positions however long the context."""
     T, nch, G, rep, D = acc.shape
     qg = q.reshape(T, G, rep, D)
     for item in prange(T * nch):
         t, c = item // nch, item % nch
-        lo = c * CH
+        lo = c * CH + (max(0, tok_pos[t] + 1 - window) if window > 0 else 0)
         hi = max(lo, min(tok_pos[t] + 1, lo + CH))
         slots = np.empty(hi - lo, np.int32)          # a copy: a slice of the table is not C-typed
         for j in range(hi - lo):
@@ -177,9 +180,11 @@ def partials(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, CH, acc, 
 
 
 @njit(**HOT_NAN_SAFE)
-def merge(acc, ml, out):
+def merge(acc, ml, out, sinks=None):
     """out f32[T,Hq,D] = the chunks' partials rescaled to their common max and normalised. Only
-    an empty chunk has sum 0; a NaN sum (a NaN or +inf score) is merged, so the output is NaN."""
+    an empty chunk has sum 0; a NaN sum (a NaN or +inf score) is merged, so the output is NaN.
+    sinks f32[Hq]: one more partial a head, max sinks[h], sum 1 and no values (attention.py);
+    None (decode_layer's call too) compiles the sum of the chunks alone, as before sinks."""
     T, nch, G, rep, D = acc.shape
     for item in prange(T * G * rep):
         t, g, r = item // (G * rep), item // rep % G, item % rep
@@ -188,9 +193,11 @@ def merge(acc, ml, out):
         for c in range(nch):
             if ml[t, c, g, r, 1] != 0:
                 top = max(top, ml[t, c, g, r, 0])
+        sink = np.float32(-np.inf) if sinks is None else sinks[h]
+        top = max(top, sink)               # a finite sink: top finite, den >= 1 (no score: output 0)
         for d in range(D):
             out[t, h, d] = 0.0
-        den = np.float32(0.0)
+        den = np.float32(0.0) if sinks is None else exp_le0(sink - top)
         for c in range(nch):
             if ml[t, c, g, r, 1] != 0:
                 w = exp_le0(ml[t, c, g, r, 0] - top)
@@ -201,13 +208,17 @@ def merge(acc, ml, out):
             out[t, h, d] /= den
 
 
-def run(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, threads):
-    """attention.ref's result for these tokens into out f32[T,Hq,D] (inputs checked by the caller)."""
+def run(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, threads, sinks=None, window=0):
+    """attention.ref's result for these tokens into out f32[T,Hq,D] (inputs checked by the caller);
+    sinks f32[Hq] or None, window W (0: none). Each keyword reaches its kernel only when set, so
+    the full-causal, sink-free step runs the code it ran before them (and decode_layer's)."""
     T, Hq, D = q.shape
     G = k_cache.shape[1]
-    CH, nch = chunking(T, int(tok_pos.max()) + 1, threads)
+    span = int(tok_pos.max()) + 1
+    CH, nch = chunking(T, min(span, window) if window > 0 else span, threads)
     acc = np.empty((T, nch, G, Hq // G, D), np.float32)
     ml = np.empty((T, nch, G, Hq // G, 2), np.float32)
-    partials(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, np.float32(scale), CH, acc, ml)
-    merge(acc, ml, out)
+    partials(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, np.float32(scale), CH, acc, ml,
+             *((window,) if window > 0 else ()))
+    merge(acc, ml, out, *(() if sinks is None else (sinks,)))
     return out

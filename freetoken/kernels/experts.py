@@ -4,6 +4,11 @@ bench/kernels/experts_cpu.py.
 out[t] = sum_j weights[t,j] * down[e] @ (silu(g) * u) with g, u = split(gate_up[e] @ x[t]) and
 e = ids[t,j]; ids < 0 contribute nothing, duplicate ids in a row both count, and ``out`` is
 overwritten.
+
+bias=(gate_up_bias f32[S,2I], down_bias f32[S,H]) adds row e to gate_up[e] @ x and to down[e] @ act
+(so the down bias is weighted by weights[t,j], as in transformers); glu=(alpha, limit) replaces
+silu(g) * u with gpt-oss's clamped SwiGLU, (u' + 1) * g' * sigmoid(alpha * g') with g' = min(g, limit),
+u' = clip(u, -limit, limit) (experts_glu.py); both keyword-only, None by default (the op above).
 """
 import numpy as np
 
@@ -11,7 +16,7 @@ from freetoken.kernels._bf16 import to_f32
 from freetoken.kernels._blas_pool import run_items
 from freetoken.kernels._activations import silu_mul
 from freetoken.kernels._numba import HOT, SERIAL, dots, njit, prange, split_x, weight_rows
-from freetoken.kernels import experts_bf16
+from freetoken.kernels import experts_bf16, experts_glu
 from freetoken.kernels.experts_bf16 import bf16_rounding, rounded_bf16, wants_bf16
 from freetoken.kernels.experts_quant import _combine   # shared with the quantized decode, which runs it in its own call
 from freetoken.kernels.experts_pairs import _pairs_gemv
@@ -28,19 +33,26 @@ def _silu(g):
         return g / (np.float32(1.0) + np.exp(-g))
 
 
+def _swiglu(h, I, glu):
+    """silu(g) * u of h's halves g = h[:I], u = h[I:], or glu=(alpha, limit)'s clamped SwiGLU."""
+    return _silu(h[:I]) * h[I:] if glu is None else experts_glu.clamped_swiglu(h[:I], h[I:], *glu)
+
+
 def _expert_f32(w, e):
     """Expert e's weights in fp32: bf16 widened, or quantized blocks dequantized as gguf-py does
     (kernels/qblocks.py: the spec of every quantized kernel)."""
     return dequantize_ref(w[e]) if is_quantized(w) else to_f32(w[e])
 
 
-def ref(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
+def ref(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False, bias=None, glu=None):
     """x f32[T,H], ids int32[T,k], weights f32[T,k], gate_up [S,2I,H], down [S,H,I] -> f32[T,H]
     (quantized banks: [S,2I,H/V,B], [S,H,I/V,B], kernels/qblocks.py). dots="int8": x and the
     activation rounded as the int8 dots round them (kernels/qact.py) before a bank whose format
-    has them; bf16=True: rounded to bf16 before a bf16 bank (experts_bf16.wants_bf16)."""
+    has them; bf16=True: rounded to bf16 before a bf16 bank (experts_bf16.wants_bf16). bias, glu:
+    the module doc; the activation is rounded after the glu, as after silu(g) * u."""
     T, H = x.shape
-    I = logical_shape(down)[2]
+    S, _, I = logical_shape(down)
+    bias = experts_glu.biases(bias, S, I, H)
     x = np.asarray(x, np.float32)
     x = rounded_ref(x) if wants_int8(gate_up, dots) else rounded_bf16(x) if wants_bf16(gate_up, bf16) else x
     act_rounding = rounded_ref if wants_int8(down, dots) else bf16_rounding(down, bf16)
@@ -51,8 +63,10 @@ def ref(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
             if e < 0:
                 continue
             h = _expert_f32(gate_up, e) @ x[t]                 # [2I]
-            act = act_rounding((_silu(h[:I]) * h[I:])[None])[0]    # [I], fp32 (or int8-rounded)
-            res[t] += np.float32(weights[t, j]) * (_expert_f32(down, e) @ act)
+            h = h if bias is None else h + bias[0][e]
+            act = act_rounding(_swiglu(h, I, glu)[None])[0]    # [I], fp32 (or int8-rounded)
+            y = _expert_f32(down, e) @ act
+            res[t] += np.float32(weights[t, j]) * (y if bias is None else y + bias[1][e])
     if out is None:
         return res
     out[...] = res
@@ -156,7 +170,7 @@ def _gemv(x, gate_up, down, uniq, offs, ptok, pw, out, bf16=False):
     return out
 
 
-def _blas(x, gate_up, down, uniq, offs, ptok, pw, out, dots, bf16=False):
+def _blas(x, gate_up, down, uniq, offs, ptok, pw, out, dots, bf16=False, bias=None, glu=None):
     """Prefill path: one expert per pool thread, start to end: widen its weights into the
     thread's fp32 buffers, two single-threaded GEMMs, the weighted rows added into the thread's
     own sum (no two threads write one array); the sums are added at the end. Biggest groups
@@ -175,8 +189,13 @@ def _blas(x, gate_up, down, uniq, offs, ptok, pw, out, dots, bf16=False):
         acc, wgu, wd = st
         tok = ptok[offs[u]:offs[u + 1]]
         h = _as_f32(gate_up[uniq[u]], wgu) @ x[tok].T             # [2I,n]
-        act = act_rounding(_silu(h[:I]) * h[I:])                  # [I,n]
-        acc[tok] += (_as_f32(down[uniq[u]], wd) @ act).T * pw[offs[u]:offs[u + 1], None]
+        if bias is not None:
+            h += bias[0][uniq[u], :, None]
+        act = act_rounding(_swiglu(h, I, glu))                    # [I,n]
+        y = _as_f32(down[uniq[u]], wd) @ act                      # [H,n]
+        if bias is not None:
+            y += bias[1][uniq[u], :, None]
+        acc[tok] += y.T * pw[offs[u]:offs[u + 1], None]
 
     order = np.argsort(-np.diff(offs), kind="stable")
     sums = [st[0] for st in run_items(order.tolist(), one_expert, scratch)]
@@ -195,8 +214,9 @@ def _as_f32(w, buf):
     return widen_rows(w, buf)
 
 
-def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
-    """Same contract as ``ref``; numba GEMVs for few tokens per expert, BLAS for many."""
+def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False, bias=None, glu=None):
+    """Same contract as ``ref``; numba GEMVs for few tokens per expert, BLAS for many. With bias or
+    glu only the general paths run (experts_glu.gemv, _blas), none of the specialised ones."""
     x = np.ascontiguousarray(x, np.float32)
     T, H = x.shape
     (S, two_i, Hg), (_, Hd, I) = logical_shape(gate_up), logical_shape(down)
@@ -205,18 +225,21 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False):
     assert quantized or (gate_up.flags.c_contiguous and down.flags.c_contiguous)
     if out is None:
         out = np.empty((T, H), np.float32)
+    bias, plain = experts_glu.biases(bias, S, I, H), bias is None and glu is None
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32), S)
-    if quantized:
+    if quantized and plain:
         from freetoken.kernels import experts_quant as quant
         if quant.uses_gemm(gate_up, down, dots, plan):
             return quant.gemm(x, gate_up, down, *plan, out)
     bf16 = wants_bf16(gate_up, bf16)
     many = plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0])
-    if many and bf16 and experts_bf16.runs_here(weight_rows(gate_up), weight_rows(down)):
+    if many and plain and bf16 and experts_bf16.runs_here(weight_rows(gate_up), weight_rows(down)):
         # the tiles round x as they pack it (the same rounding): not twice
         return experts_bf16.gemm(x, weight_rows(gate_up), weight_rows(down), *plan, out)
     if many:
-        return _blas(rounded_bf16(x) if bf16 else x, gate_up, down, *plan, out, dots, bf16)
+        return _blas(rounded_bf16(x) if bf16 else x, gate_up, down, *plan, out, dots, bf16, bias, glu)
+    if not plain:
+        return experts_glu.gemv(x, gate_up, down, plan, out, dots, bf16, bias, glu, _down)
     if quantized:
         return quant.gemv(x, gate_up, down, *plan, out, dots)
     return _gemv(x, gate_up, down, *plan, out, bf16)     # rounds x itself under bf16
@@ -332,13 +355,15 @@ def _prefill(_cuda, banks, x, ids, weights, out, part, k, H, I, S):
         ARGS[e], ids=ids, weights=weights, y=part["y"], out=out, k=k, H=H, S=S))
 
 
-def gpu(x, ids, weights, gate_up, down, out):
+def gpu(x, ids, weights, gate_up, down, out, *, bias=None, glu=None):
     """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,H] is required. T <= 16: grouped
     GEMV over the routed pairs; more: on-device counting sort by expert, then tiled GEMMs. Ids
     outside [0, S) are masked in-kernel (their scratch rows are never read). No host sync, so
     capture-safe; the one allocation is the shared grow-only scratch (scratch_bytes()).
     Quantized banks ([S,2I,H/V,B], [S,H,I/V,B]; each slot contiguous, the slots may be a stride
-    apart) are read in their blocks (cuda/experts_quant.cu)."""
+    apart) are read in their blocks (cuda/experts_quant.cu). bias and glu: not yet."""
+    if bias is not None or glu is not None:
+        raise NotImplementedError("experts bias / clamped SwiGLU: no CUDA kernel yet")
     from freetoken.env import flag
     from freetoken.kernels import _cuda
     T, H = x.shape

@@ -23,6 +23,8 @@ def _check_quantization(qc, arch: str) -> None:
     if qc is None:
         return
     method, block = qc.get("quant_method"), qc.get("weight_block_size")
+    if method == "mxfp4" and registry.family(arch).gpt_oss:     # its experts' blocks: models/gpt_oss_weights.py
+        return
     if method != "fp8":
         raise ConfigError(f"quantization_config.quant_method {method!r}: FreeToken reads block FP8 (\"fp8\") "
                           "checkpoints and GGUF files (docs/formats.md)")
@@ -44,6 +46,7 @@ def model_config_from_dict(top: dict) -> ModelConfig:
     theta, scaling = _rope_fields(cfg)
     heads = cfg["num_attention_heads"]
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    width = cfg["intermediate_size" if fam.gpt_oss else "moe_intermediate_size"]   # I: gpt-oss has only experts
     if experts is None:
         raise ConfigError("config.json has neither num_experts nor num_local_experts")
     return ModelConfig(
@@ -61,13 +64,14 @@ def model_config_from_dict(top: dict) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         num_experts=int(experts),
         num_experts_per_tok=cfg["num_experts_per_tok"],
-        moe_intermediate_size=cfg["moe_intermediate_size"],
+        moe_intermediate_size=width,
         norm_topk_prob=fam.router_renormalises or bool(cfg.get("norm_topk_prob", False)),
-        intermediate_size=cfg.get("intermediate_size", cfg["moe_intermediate_size"]),
+        intermediate_size=cfg.get("intermediate_size", width),
         mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
         decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         **(_gdn_fields(cfg) if fam.gdn else {}),
+        **(_gpt_oss_fields(cfg) if fam.gpt_oss else {}),
     )
 
 
@@ -96,6 +100,24 @@ def _gdn_fields(cfg: dict) -> dict:
     return out
 
 
+def _gpt_oss_fields(cfg: dict) -> dict:
+    """gpt-oss's keys: which layers slide over a window (layer_types, else every other layer from
+    the first, as transformers defaults), sinks and biases (always present), the clamped SwiGLU."""
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    if len(types) != n or any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise ConfigError(f"layer_types must list {n} of 'sliding_attention' / 'full_attention', got {types}")
+    window = int(cfg.get("sliding_window") or 0)
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window else ()
+    return dict(sliding_window=window, sliding_layers=sliding, attention_sinks=True,
+                attention_bias=bool(cfg.get("attention_bias", True)), expert_bias=True,
+                swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
+
+
+YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings", "truncate",
+             "attention_factor", "mscale", "mscale_all_dim")
+
+
 def _rope_fields(cfg: dict) -> tuple[float, dict | None]:
     """RoPE theta and scaling from rope_theta/rope_scaling or transformers-5 rope_parameters."""
     params = cfg.get("rope_parameters") or {}
@@ -108,4 +130,11 @@ def _rope_fields(cfg: dict) -> tuple[float, dict | None]:
     if rope_type == "linear":
         factor = params.get("factor", (scaling or {}).get("factor"))
         return float(theta), {"rope_type": "linear", "factor": float(factor)}
-    raise ConfigError(f"unsupported rope type {rope_type!r}; supported: default, linear")
+    if rope_type == "yarn":
+        merged = {**(scaling or {}), **params}
+        if "original_max_position_embeddings" not in merged:
+            merged["original_max_position_embeddings"] = cfg["max_position_embeddings"]
+        if merged.get("factor") is None:
+            merged["factor"] = cfg["max_position_embeddings"] / merged["original_max_position_embeddings"]
+        return float(theta), {"rope_type": "yarn", **{k: merged[k] for k in YARN_KEYS if merged.get(k) is not None}}
+    raise ConfigError(f"unsupported rope type {rope_type!r}; supported: default, linear, yarn")

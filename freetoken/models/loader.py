@@ -65,7 +65,8 @@ def load_model(model: str | None, log) -> LoadedModel:
 
 def _load_gguf(path: Path, log) -> LoadedModel:
     """A GGUF file (or the first part of a split set): config, weights and tokenizer from the file;
-    the Gated DeltaNet families through models/gguf_gdn.py, the others through gguf_weights.py."""
+    the Gated DeltaNet families through models/gguf_gdn.py, gpt-oss through gguf_gpt_oss.py, the
+    others through gguf_weights.py."""
     from freetoken.models import registry
     from freetoken.models.gguf_file import open_gguf
     from freetoken.models.gguf_tokenizer import gguf_tokenizer
@@ -73,6 +74,8 @@ def _load_gguf(path: Path, log) -> LoadedModel:
     family = registry.family(registry.from_gguf(model.architecture))
     if family is not None and family.gdn:
         from freetoken.models.gguf_gdn import gdn_gguf_config as gguf_config, gdn_gguf_weights as gguf_weights
+    elif family is not None and family.gpt_oss:
+        from freetoken.models.gguf_gpt_oss import gpt_oss_gguf_config as gguf_config, gpt_oss_gguf_weights as gguf_weights
     else:                                                            # unknown ones fail there, naming the list
         from freetoken.models.gguf_weights import gguf_config, gguf_weights
     cfg, tokenizer = gguf_config(model), gguf_tokenizer(model)      # both fail in seconds, before the widening

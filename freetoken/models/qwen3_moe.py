@@ -9,15 +9,7 @@ import numpy as np
 
 from freetoken.config import ModelConfig
 from freetoken.models.forward_batch import ForwardBatch
-
-
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """f32[D/2] NeoX inverse frequencies, with linear position scaling when configured."""
-    exponent = np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** exponent)
-    if cfg.rope_scaling:
-        inv = inv / cfg.rope_scaling["factor"]
-    return inv.astype(np.float32)
+from freetoken.models.rope_freqs import inv_freq
 
 
 class Qwen3Moe:
@@ -25,7 +17,7 @@ class Qwen3Moe:
 
     def __init__(self, cfg: ModelConfig, weights, ops, moe, kv_pool, states=None):   # states: hybrids only
         self.cfg, self.w, self.ops, self.moe, self.kv = cfg, weights, ops, moe, kv_pool
-        self.inv_freq = ops.to_device(rope_inv_freq(cfg))
+        self.inv_freq = ops.to_device(inv_freq(cfg))
         self.moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
         self.scale = float(cfg.head_dim) ** -0.5
 

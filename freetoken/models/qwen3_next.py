@@ -15,21 +15,13 @@ import numpy as np
 
 from freetoken.config import ModelConfig
 from freetoken.models.forward_batch import ForwardBatch
-
-
-def partial_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """f32[R/2] NeoX inverse frequencies over the rotary_dim R leading dims of each head."""
-    R = cfg.rotary_dim
-    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, R, 2, dtype=np.float64) / R))
-    if cfg.rope_scaling:
-        inv = inv / cfg.rope_scaling["factor"]
-    return inv.astype(np.float32)
+from freetoken.models.rope_freqs import inv_freq
 
 
 class Qwen3Next:
     def __init__(self, cfg: ModelConfig, weights, ops, moe, kv_pool, states=None):
         self.cfg, self.w, self.ops, self.moe, self.kv, self.states = cfg, weights, ops, moe, kv_pool, states
-        self.inv_freq = ops.to_device(partial_inv_freq(cfg))
+        self.inv_freq = ops.to_device(inv_freq(cfg))
         self.moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
         self.kv_index = {layer: j for j, layer in enumerate(cfg.attention_layers)}
         self.gdn_index = {layer: j for j, layer in enumerate(cfg.linear_layers)}

@@ -18,6 +18,7 @@ class Family:
     text_config: bool = False  # the text model's fields sit under config.json's "text_config"
     gdn: bool = False         # Gated DeltaNet layers between gated full-attention layers
     router_renormalises: bool = False  # top-k weights always renormalised (norm_topk_prob ignored)
+    gpt_oss: bool = False     # sinks, sliding windows, biases, the clamped SwiGLU (hf_config._gpt_oss_fields)
     gguf: str = ""            # general.architecture llama.cpp's converter writes for it ("": not read from GGUF)
 
 
@@ -33,6 +34,10 @@ ARCHITECTURES: dict[str, Family] = {
     "Qwen3_5MoeForConditionalGeneration": replace(QWEN3_5_MOE, text_config=True, gguf=""),
     "Qwen3_5MoeForCausalLM": QWEN3_5_MOE,
     "Qwen3NextForCausalLM": Family("Qwen3-Next", GDN_MODEL, GDN_LOADER, gdn=True, gguf="qwen3next"),
+    # top-k of the logits then a softmax over the k: the router op's renormalised top-k of the softmax
+    "GptOssForCausalLM": Family("gpt-oss", "freetoken.models.gpt_oss:GptOss",
+                                "freetoken.models.gpt_oss_weights:load_gpt_oss", router_renormalises=True, gpt_oss=True,
+                                gguf="gpt-oss"),
 }
 
 

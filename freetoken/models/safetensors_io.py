@@ -14,7 +14,8 @@ from freetoken.kernels._bf16 import from_f32
 
 # safetensors dtype tag -> how the bytes are viewed (little-endian by the format's definition)
 _STORED = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"),
-           "F8_E4M3": np.dtype("u1")}    # block-FP8 codes: models/fp8_weights.py
+           "F8_E4M3": np.dtype("u1"),    # block-FP8 codes: models/fp8_weights.py
+           "U8": np.dtype("u1")}         # MXFP4 blocks and exponents: models/gpt_oss_weights.py
 _INFER_TAG = {np.dtype(np.uint16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
 _SCATTER = hasattr(os, "preadv")      # POSIX; elsewhere one readinto per tensor
 _IOV_MAX = 1024                     # buffers one preadv may take (Linux's IOV_MAX)

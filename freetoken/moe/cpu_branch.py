@@ -93,8 +93,11 @@ class CpuBranch:
         self.merge(bufs, out)
         return True
 
-    def run_all(self, x, ids, weights, bank):
-        """Every pair on the CPU (the cpu backend): f32[T,H] on the device."""
+    def run_all(self, x, ids, weights, bank, extras=None):
+        """Every pair on the CPU (the cpu backend): f32[T,H] on the device. extras: the op's bias /
+        glu keywords (a model with biased experts is refused before a discrete device: moe/runtime.py)."""
+        if extras:
+            raise ValueError("the staged CPU branch takes no experts-op keywords")
         bufs = self.stage(x, ids, weights)
         self.dev.synchronize(self._staged)
         self.compute(bufs, bank)
@@ -146,11 +149,11 @@ class HostCpuBranch:
         if out is not None:
             out += partial
 
-    def run_all(self, x, ids, weights, bank):
-        """Every pair on the CPU (the cpu backend), inline: f32[T,H]."""
+    def run_all(self, x, ids, weights, bank, extras=None):
+        """Every pair on the CPU (the cpu backend), inline: f32[T,H]. extras: the op's bias / glu."""
         self.calls += 1
         out = np.empty((x.shape[0], x.shape[1]), np.float32)
-        return self._op(x, ids, weights, bank[0], bank[1], out)
+        return self._op(x, ids, weights, bank[0], bank[1], out, **(extras or {}))
 
     def close(self) -> None:
         if self.executor is not None:

@@ -69,8 +69,9 @@ class MoERuntime:
 
     def __init__(self, backend: str, host: HostPool, dev, experts_op, cpu_op, *,
                  policy: FetchPolicy | None = None, num_slots: int = 0, cpu_threads: int = 0,
-                 disable_overlap: bool = False, handoff: str = HANDOFF_MODE, log=None):
+                 disable_overlap: bool = False, handoff: str = HANDOFF_MODE, log=None, extras=None):
         self.backend, self.host, self.dev, self.policy = backend, host, dev, policy
+        self._extras = extras or [{}] * host.num_layers   # per layer: the experts op's bias / glu keywords
         self._op, self._log, self._disable_overlap = experts_op, log, disable_overlap   # raw sink
         self.L, self.E = host.num_layers, host.banks[0].num_experts
         self.cached = backend in CACHED
@@ -117,10 +118,10 @@ class MoERuntime:
             return self._prefill(j, x, ids, weights)
         if self.backend == "fused":
             self.res.count_routed(j, ids, ("hits",))
-            return self._experts(x, ids, weights, *self.resident[j])
+            return self._experts(x, ids, weights, *self.resident[j], **self._extras[j])
         if self.backend == "cpu":
             self.res.count_routed(j, ids, ("misses", "cpu_execs"))
-            return self.branch.run_all(x, ids, weights, self.host.host(j))
+            return self.branch.run_all(x, ids, weights, self.host.host(j), self._extras[j])
         return self._decode_cached(j, x, ids, weights)
 
     def inline_bank(self, j: int, prefill: bool):
@@ -137,15 +138,15 @@ class MoERuntime:
     def _prefill(self, j: int, x, ids, weights):
         self.prefill_calls += 1
         if self.resident is not None:
-            return self._experts(x, ids, weights, *self.resident[j])
+            return self._experts(x, ids, weights, *self.resident[j], **self._extras[j])
         if self.streamer is None:                  # pageable host pool: all on the CPU
-            return self.branch.run_all(x, ids, weights, self.host.host(j))
+            return self.branch.run_all(x, ids, weights, self.host.host(j), self._extras[j])
         return self.streamer.run(j, x, ids, weights, self._experts)
 
-    def _experts(self, x, ids, weights, gate_up, down):
+    def _experts(self, x, ids, weights, gate_up, down, **extras):
         """The experts op into a fresh f32[T,H] (GPU wrappers take a preallocated out)."""
         out = self.dev.xp.empty((x.shape[0], x.shape[1]), np.float32)
-        return self._op(x, ids, weights, gate_up, down, out)
+        return self._op(x, ids, weights, gate_up, down, out, **extras)
 
     def _ids_scratch(self, shape) -> tuple:
         if shape not in self._scratch:
@@ -259,14 +260,16 @@ def host_pool_for(cfg: ModelConfig, banks, plan: MoEPlan, dev, log=None) -> Host
 
 
 def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, dev=None, cpu_op=None,
-              handoff: str = HANDOFF_MODE, cpu_dots: str = "f32") -> MoERuntime:
+              handoff: str = HANDOFF_MODE, cpu_dots: str = "f32", biases=None) -> MoERuntime:
     """The runtime the plan describes (engine/plan.py decides backend, slots and fetch policy; this
     builds, it does not decide). banks: a HostPool or the raw banks (host_pool_for). experts_op: the
     device's `experts` op (contract signature). log: a Logger or a callable(msg). dev: moe/device.py
     (default HostDevice). cpu_op: the CPU experts op; default experts_op on a host-memory device (it
     runs on the CPU already, and on the ref backend stays the numpy spec), else kernels.experts.cpu
-    with its quantized dots as cpu_dots says (kernels/qact.py)."""
+    with its quantized dots as cpu_dots says (kernels/qact.py). biases: per MoE layer (gate_up_bias
+    f32[E,2I], down_bias f32[E,H]) of a model whose experts add them (gpt-oss), else None."""
     dev = dev if dev is not None else HostDevice()
+    extras = _op_extras(cfg, biases, plan.backend, dev)
     host = host_pool_for(cfg, banks, plan, dev, log)
     if plan.backend in CACHED and dev.needs_pinning and not host.pinned:
         raise ConfigError(f"moe {plan.backend} needs a pinned host expert pool; plan again with the pinning "
@@ -278,9 +281,23 @@ def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, d
                   if plan.slots else where)
     moe = MoERuntime(plan.backend, host, dev, experts_op, cpu_op, policy=plan.policy, num_slots=plan.slots,
                      cpu_threads=plan.cpu_threads or 0, handoff=handoff, log=log,
-                     disable_overlap=plan.disable_prefill_overlap)
+                     disable_overlap=plan.disable_prefill_overlap, extras=extras)
     moe.prefill_decode_tokens = plan.prefill_decode_tokens
     return moe
+
+
+def _op_extras(cfg: ModelConfig, biases, backend: str, dev) -> list[dict] | None:
+    """Per MoE layer, the experts op's keywords beyond the banks: the clamped SwiGLU's (alpha, limit)
+    and the layer's expert biases, indexed by expert id; so only backends that call the op on the
+    layer's own host bank take them (the expert cache's slots do not carry biases yet, and the
+    staged CPU branch of a discrete device passes no keywords)."""
+    if biases is None and cfg.glu is None:
+        return None
+    if backend in CACHED or not dev.host_memory:
+        raise ConfigError(f"moe {backend} on {dev.name}: gpt-oss's experts (biases, clamped SwiGLU) run from the "
+                          "host bank for now: --moe-backend cpu or fused, on the CPU")
+    glu = {} if cfg.glu is None else {"glu": cfg.glu}
+    return [{**glu, **({} if biases is None else {"bias": b})} for b in (biases or [None] * len(cfg.moe_layers))]
 
 
 def _stored_as(banks: list[Bank]) -> str:

@@ -1,0 +1,59 @@
+"""gpt-oss GGUF files made by llama.cpp's own converter (llama-cpp-python 0.3.36's vendored
+convert_hf_to_gguf.py, tests/fixtures/make_gpt_oss_fixtures.py --gguf) from the HF fixtures of
+tests/fixtures/hf/gpt_oss/: the same weights, so each HF variant's expected.npz is the file's
+expectation (transformers 5.25), with the tolerances of test_gpt_oss_parity.py."""
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from freetoken import LLM, SamplingParams
+from freetoken.kernels.qformats import format_of
+from freetoken.models.gguf_file import open_gguf
+from freetoken.models.gguf_gpt_oss import gpt_oss_gguf_config, gpt_oss_gguf_weights
+from freetoken.models.hf_config import read_model_config
+from freetoken.models.weights import load_weights
+
+from tests.models.test_hf_parity import teacher_forced_logits
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GGUF, HF = FIXTURES / "gguf", FIXTURES / "hf" / "gpt_oss"
+
+
+def logits_of(variant: str, backend: str, **kw):
+    exp = np.load(HF / variant / "expected.npz")
+    llm = LLM(str(GGUF / f"gpt_oss-{variant}.gguf"), backend=backend, **kw)
+    return llm, exp, teacher_forced_logits(llm, np.concatenate([exp["prompt_ids"], exp["greedy_ids"][:-1]]))
+
+
+@pytest.mark.parametrize("backend,moe_backend", [("ref", "fused"), ("cpu", "cpu")])
+def test_mxfp4_file_matches_transformers(backend, moe_backend):
+    llm, exp, logits = logits_of("mxfp4", backend, moe_backend=moe_backend, cpu_dots="f32", kv_dtype="float32")
+    P = len(exp["prompt_ids"])
+    np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
+    np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
+    out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+    assert out.token_ids == exp["greedy_ids"].tolist()
+
+
+def test_bf16_file_is_close_to_transformers_bf16():
+    _, exp, logits = logits_of("bf16", "cpu")
+    logits = logits[len(exp["prompt_ids"]) - 1:]
+    np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
+    sure = exp["step_top2_margin"] > 1.0
+    assert (logits.argmax(1)[sure] == exp["step_logits"].argmax(1)[sure]).all()
+
+
+def test_the_file_reads_as_the_checkpoint_it_was_made_from():
+    """Config from the metadata as from config.json; the converter's MXFP4 experts and the HF
+    loader's re-packed ones the same bytes; biases, sinks and router identical."""
+    model = open_gguf(GGUF / "gpt_oss-mxfp4.gguf")
+    cfg, hf_cfg = gpt_oss_gguf_config(model), read_model_config(HF / "mxfp4")
+    assert cfg == replace(hf_cfg, torch_dtype=cfg.torch_dtype)
+    gguf, hf = gpt_oss_gguf_weights(model, cfg).layers, load_weights(HF / "mxfp4", hf_cfg).layers
+    for a, b in zip(gguf, hf):
+        assert format_of(a.gate_up).name == format_of(a.down).name == "mxfp4"
+        for name in ("gate_up", "down", "gate_up_bias", "down_bias", "sinks", "qkv", "qkv_bias", "router",
+                     "router_bias", "o_proj", "o_bias", "input_norm", "post_norm"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)

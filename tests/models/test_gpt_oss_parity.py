@@ -1,0 +1,115 @@
+"""gpt-oss (GptOssForCausalLM) against transformers 5.25 (fixtures: tests/fixtures/hf/gpt_oss/,
+made by tests/fixtures/make_gpt_oss_fixtures.py): fp32, bf16 and MXFP4-expert variants of a 4-layer model whose sliding layers' window (6)
+is shorter than the prompt, with large sinks, non-zero biases everywhere and experts whose clamped
+SwiGLU hits its limit on both sides.
+
+Tolerances as tests/models/test_hf_parity.py: fp32 logits to 2e-4 and the 32 greedy tokens exactly;
+bf16 logits to 0.5 with the argmax agreeing where transformers' own top-2 margin exceeds 1.0.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from freetoken import LLM, SamplingParams
+from freetoken.config import ConfigError, EngineConfig
+from freetoken.engine.plan import DeviceFacts, make_plan
+from freetoken.models.hf_config import read_model_config
+
+from tests.models.test_hf_parity import teacher_forced_logits
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gpt_oss"
+
+
+def run(variant: str, backend: str, moe_backend: str = "fused", **kw):
+    d = FIXTURE / variant
+    exp = np.load(d / "expected.npz")
+    llm = LLM(str(d), backend=backend, moe_backend=moe_backend, **kw)
+    ids = np.concatenate([exp["prompt_ids"], exp["greedy_ids"][:-1]])
+    return llm, exp, teacher_forced_logits(llm, ids)
+
+
+@pytest.mark.parametrize("variant", ["fp32", "mxfp4"])
+@pytest.mark.parametrize("backend,moe_backend", [("ref", "fused"), ("cpu", "fused"), ("cpu", "cpu")])
+def test_fp32_logits_and_greedy_tokens(variant, backend, moe_backend):
+    """fp32, and the hub's layout (MXFP4 experts kept in their blocks, the rest fp32 here) against
+    transformers' own MXFP4 reading: the blocks' values are exact, so the fp32 tolerance holds with
+    fp32 dots and an fp32 KV cache (the defaults for a quantized checkpoint round activations and KV)."""
+    llm, exp, logits = run(variant, backend, moe_backend, cpu_dots="f32", kv_dtype="float32")
+    prompt, greedy = exp["prompt_ids"], exp["greedy_ids"]
+    P = len(prompt)
+    np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
+    np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
+    out = llm.generate([prompt.tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+    assert out.token_ids == greedy.tolist()
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_bf16_logits_close(backend):
+    _, exp, logits = run("bf16", backend)
+    logits = logits[len(exp["prompt_ids"]) - 1:]
+    np.testing.assert_allclose(logits, exp["step_logits"], atol=0.5, rtol=0)
+    sure = exp["step_top2_margin"] > 1.0
+    assert (logits.argmax(1)[sure] == exp["step_logits"].argmax(1)[sure]).all()
+
+
+def test_mxfp4_with_the_default_roundings_follows_its_spec_and_stays_near_transformers():
+    """The defaults for a quantized checkpoint (int8 dots, bf16 KV) round activations: cpu follows
+    ref's rounded spec closely, and both stay within the bf16 tolerance of transformers."""
+    logits = {}
+    for backend in ("ref", "cpu"):
+        llm, exp, logits[backend] = run("mxfp4", backend)
+        assert llm.core.config.cpu_dots == "int8" and llm.core.plan.kv_dtype == "bfloat16"
+    np.testing.assert_allclose(logits["cpu"], logits["ref"], atol=2e-3, rtol=0)
+    steps = logits["cpu"][len(exp["prompt_ids"]) - 1:]
+    np.testing.assert_allclose(steps, exp["step_logits"], atol=0.5, rtol=0)
+    sure = exp["step_top2_margin"] > 1.0
+    assert (steps.argmax(1)[sure] == exp["step_logits"].argmax(1)[sure]).all()
+
+
+def test_chunked_prefill_over_a_cached_prefix_crosses_the_window():
+    """Chunks of 5 tokens: every sliding layer's window (6) reaches back into the chunk before."""
+    exp = np.load(FIXTURE / "fp32" / "expected.npz")
+    llm = LLM(str(FIXTURE / "fp32"), backend="cpu", chunked_prefill_size=5)
+    out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+    assert out.token_ids == exp["greedy_ids"].tolist()
+
+
+def test_the_config_reads_what_transformers_wrote():
+    cfg = read_model_config(FIXTURE / "fp32")
+    written = json.loads((FIXTURE / "fp32" / "config.json").read_text())
+    assert cfg.sliding_layers == (0, 2) and cfg.sliding_window == written["sliding_window"] == 6
+    assert [cfg.window(i) for i in range(4)] == [6, 0, 6, 0]
+    assert cfg.glu == (1.702, 7.0) and cfg.expert_bias and cfg.attention_sinks
+    assert cfg.moe_intermediate_size == written["intermediate_size"] and cfg.norm_topk_prob
+    assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_scaling["factor"] == 32.0
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(backend="cuda"), "--backend cuda: gpt-oss has no CUDA kernels yet"),
+    (dict(moe_backend="hybrid"), "--moe-backend hybrid"),
+    (dict(moe_backend="offload"), "--moe-backend offload"),
+])
+def test_what_gpt_oss_cannot_run_on_yet_is_refused_by_name(flags, message):
+    """No CUDA kernels for sinks, windows and biased experts, no biases in the expert cache: the
+    plan names the flag (with a GPU visible), before any device work."""
+    cfg = read_model_config(FIXTURE / "fp32")
+    with pytest.raises(ConfigError, match=message):
+        make_plan(cfg, EngineConfig(model=str(FIXTURE / "fp32"), **flags), GPU)
+
+
+def test_auto_takes_the_cpu_for_gpt_oss_with_a_gpu_and_says_why():
+    cfg = read_model_config(FIXTURE / "fp32")
+    plan = make_plan(cfg, EngineConfig(model=str(FIXTURE / "fp32")), GPU)
+    assert plan.compute == "cpu" and plan.moe.backend == "cpu"
+    compute = next(d for d in plan.decisions if d.name == "compute")
+    assert "gpt-oss has no CUDA kernels yet" in compute.why
+
+
+def test_the_cpu_backend_refuses_an_expert_cache_through_the_api():
+    with pytest.raises(ConfigError, match="--moe-backend hybrid"):
+        LLM(str(FIXTURE / "fp32"), backend="cpu", moe_backend="hybrid")
+
+
+GPU = DeviceFacts(gpu_missing=None, gpu_name="a GPU", free_device_bytes=80 << 30)
