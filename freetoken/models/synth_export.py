@@ -17,15 +17,15 @@ SHARD_BYTES = 4 << 30   # HF-style shards: large enough to be few, small enough 
 
 
 def export_synth(spec: str, out_dir, log=None, shard_bytes: int | None = None) -> Path:
-    """Write synth:``spec`` (a Qwen3-MoE preset, not a hybrid) to ``out_dir``, in shards of at most
+    """Write synth:``spec`` (a Qwen3-MoE preset: not a hybrid, not gpt-oss) to ``out_dir``, in shards of at most
     ``shard_bytes`` (default SHARD_BYTES); returns the path."""
     from freetoken.models.demo import synth_tokenizer_dir
     from freetoken.models.synth import PRESETS, parse_spec, synth_model
     spec = spec.removeprefix("synth:")
     name, shape, _ = parse_spec(spec)
     if name not in PRESETS:
-        raise ConfigError(f"synth:{spec} is a hybrid; only the Qwen3-MoE presets ({', '.join(PRESETS)}) "
-                          "can be exported")
+        raise ConfigError(f"synth:{spec} is not a Qwen3-MoE preset; only those ({', '.join(PRESETS)}) "
+                          "can be exported so far")
     cfg, weights = synth_model(spec, log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
