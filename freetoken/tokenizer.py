@@ -67,6 +67,12 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    @property
+    def speaks_harmony(self) -> bool:
+        """gpt-oss's harmony format: its message markers are tokens of this vocabulary (the server
+        then parses channels, server/harmony.py, and keeps the markers in the output text)."""
+        return self.token_to_id("<|channel|>") is not None and self.token_to_id("<|message|>") is not None
+
     def encode(self, text: str, add_special_tokens: bool = False, limit: int | None = None) -> list[int]:
         """Token ids; with `limit`, more than `limit` tokens raise TooManyTokens (with the count)."""
         if len(text) <= _LONG_TEXT:

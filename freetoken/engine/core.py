@@ -225,7 +225,7 @@ class EngineCore:
         if rid is not None:
             req.rid = rid
         self.scheduler.add(req)
-        self._streams[req.rid] = TextStream(self.tokenizer.detokenizer(), params.stop)
+        self._streams[req.rid] = TextStream(self.tokenizer.detokenizer(params.skip_special_tokens), params.stop)
         return req
 
     def abort(self, req: Request) -> None:

@@ -39,6 +39,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
     logprobs: int | None = None     # report each sampled token's logprob and this many top ones
     prompt_logprobs: int | None = None  # the same for every prompt token (no prefix-cache reuse)
+    skip_special_tokens: bool = True    # False: special tokens' text stays in the output (harmony's markers)
 
     def __post_init__(self):
         checks = [

@@ -13,7 +13,7 @@ from freetoken.server.body import read_json
 from freetoken.server.errors import APIError, error_body
 from freetoken.server.generation import (Done, Generation, GenerationError, Ping, Reasoning, Text, ToolCall,
                                          Usage, cancel_on_disconnect, chat_spec)
-from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, stop_strings,
+from freetoken.server.protocol import (Body, constrained, effort_kwargs, json_format_grammar, sampling, stop_strings,
                                        template_kwargs, tool_choice_grammar)
 from freetoken.server.state import new_id
 
@@ -84,8 +84,9 @@ def _conversation(body: Body, state, route: str):
     kwargs = template_kwargs(body)
     if body.has("output_config"):
         config = body.obj("output_config")
-        if config.has("effort"):
-            logger.debug("%s: output_config.effort %r ignored (no effort control)", route, config.data["effort"])
+        if config.has("effort"):          # gpt-oss's template takes it (reasoning_effort); others ignore it
+            effort = config.data["effort"]
+            effort_kwargs(kwargs, effort if isinstance(effort, str) else None)
     if body.has("thinking"):
         thinking = body.obj("thinking")
         kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))

@@ -35,8 +35,9 @@ class ServerConfig:
     tool_call_grammar: bool = _flag(True, "with tools given and tool_choice auto, a tool call the model opens "
                                           "is held to the tools' names and parameter schemas from its "
                                           "opening token on (free text before it stays free)")
-    reasoning_parser: str = _flag("auto", "split <think>...</think> into reasoning_content / thinking "
-                                          "blocks (auto: when the vocabulary has </think>)",
+    reasoning_parser: str = _flag("auto", "split <think>...</think> (gpt-oss: the analysis channel) into "
+                                          "reasoning_content / thinking blocks (auto: when the vocabulary "
+                                          "has </think> or harmony's markers)",
                                   ("auto", "think", "none"))
     allowed_origins: str = _flag("", "browser origins allowed besides loopback ones, comma-separated "
                                      "(requests carrying another Origin get 403); these get CORS headers")

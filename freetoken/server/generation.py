@@ -19,6 +19,7 @@ from freetoken.server.messages import Conversation
 from freetoken.server.system_messages import place_system
 from freetoken.server.reasoning import OPEN as THINK_OPEN
 from freetoken.server.reasoning import CLOSE as THINK_CLOSE
+from freetoken.server.harmony import HarmonyParser
 from freetoken.server.reasoning import ReasoningSplitter
 from freetoken.server.toolcalls import ParsedCall, ToolCallParser
 from freetoken.tokenizer import TooManyTokens
@@ -31,6 +32,7 @@ class GenSpec:
     tools: list[dict] | None = None   # parse tool calls against these schemas (None: no parsing)
     reasoning: bool = False           # split <think> blocks out of the content
     think_open: bool = False          # the prompt itself opened <think>
+    harmony: bool = False             # gpt-oss's channels (server/harmony.py) instead of <think> / <tool_call>
 
 
 @dataclass
@@ -127,10 +129,13 @@ async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: d
         raise APIError(400, str(e)) from None
     if check:
         params = check_prompt(state, ids, params, max_tokens_given)
+    parse_tools = state.parse_tools() and conv.tools is not None and conv.choice != "none"
+    tools = conv.tools if parse_tools else None
+    if tokenizer.speaks_harmony:          # its markers are special tokens: kept in the text to parse
+        return GenSpec(ids, replace(params, skip_special_tokens=False), tools, state.parse_reasoning(), harmony=True)
     think_open = opens_think(text)
     params = _thought_first(params, tokenizer, think_open, state.parse_reasoning() and not closes_think(text))
-    parse_tools = state.parse_tools() and conv.tools is not None and conv.choice != "none"
-    return GenSpec(ids, params, conv.tools if parse_tools else None, state.parse_reasoning(), think_open)
+    return GenSpec(ids, params, tools, state.parse_reasoning(), think_open)
 
 
 def _thought_first(params: SamplingParams, tokenizer, think_open: bool, may_think: bool) -> SamplingParams:
@@ -168,8 +173,9 @@ class Generation:
         self.t_start = time.perf_counter()
         self.ttft: float | None = None
         self.cached_tokens = 0            # prompt tokens the prefix cache served, known from the first output
-        self.splitter = ReasoningSplitter(spec.think_open) if spec.reasoning else None
-        self.tools = ToolCallParser(spec.tools) if spec.tools is not None else None
+        self.harmony = HarmonyParser() if spec.harmony else None
+        self.splitter = ReasoningSplitter(spec.think_open) if spec.reasoning and not spec.harmony else None
+        self.tools = ToolCallParser(spec.tools) if spec.tools is not None and not spec.harmony else None
         self.num_calls = 0
 
     async def events(self):
@@ -229,6 +235,9 @@ class Generation:
         return result
 
     def _parse(self, text: str, final: bool):
+        if self.harmony is not None:
+            yield from self._harmony(text, final)
+            return
         parts = self.splitter.feed(text) if self.splitter else [("content", text)]
         if final and self.splitter:
             parts += self.splitter.finish()
@@ -239,6 +248,17 @@ class Generation:
                 yield from self._content(self.tools.feed(piece) if self.tools else [piece])
         if final and self.tools:
             yield from self._content(self.tools.finish())
+
+    def _harmony(self, text: str, final: bool):
+        """analysis -> Reasoning (content when the reasoning parser is off), calls -> ToolCall when
+        the request gave tools (else dropped, logged), the rest -> Text."""
+        for kind, value in self.harmony.feed(text) + (self.harmony.finish() if final else []):
+            if kind == "call" and self.spec.tools is None:
+                logger.warning("%s: a harmony tool call %r without tools in the request was dropped", self.rid, value.name)
+            elif kind == "call" or kind == "content":
+                yield from self._content([value])
+            else:
+                yield Reasoning(value) if self.spec.reasoning else Text(value)
 
     def _content(self, items):
         for item in items:

@@ -18,7 +18,7 @@ from freetoken.server.generation import (Done, GenerationError, Generation, Logp
                                          ToolCall, Usage, cancel_on_disconnect, chat_spec)
 from freetoken.server.logprobs import TokenText, chat_logprobs
 from freetoken.server.messages import openai_conversation
-from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, stop_strings,
+from freetoken.server.protocol import (Body, constrained, effort_kwargs, json_format_grammar, sampling, stop_strings,
                                        template_kwargs, tool_choice_grammar)
 from freetoken.server.state import new_id
 
@@ -43,10 +43,8 @@ async def chat_completions(request: Request) -> Response:
     for key in ("audio", "prediction", "functions", "function_call", "web_search_options"):
         body.default_only(key, (), "is not supported")
     conv = openai_conversation(body)
-    kwargs = template_kwargs(body)
     effort = body.str("reasoning_effort", None, choices=("none", "minimal", "low", "medium", "high", "xhigh"))
-    if effort == "none":
-        kwargs.setdefault("enable_thinking", False)
+    kwargs = effort_kwargs(template_kwargs(body), effort)
     max_tokens = body.int("max_completion_tokens", None, lo=1)
     max_tokens = max_tokens if max_tokens is not None else body.int("max_tokens", None, lo=1)
     params = sampling(body, state.limits(), max_tokens=max_tokens, stop=stop_strings(body, "stop"),

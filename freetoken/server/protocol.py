@@ -195,6 +195,8 @@ def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     --tool-call-parser none, or where llguidance is missing). None for no tools and `none`."""
     if not conv.tools or conv.choice == "none":
         return None, "tool_choice"
+    if state.ready_engine().tokenizer.speaks_harmony:
+        return _harmony_tool_choice(conv.choice)
     from freetoken import grammar as g
     auto = conv.choice == "auto"
     if auto and not (state.parse_tools() and state.config.tool_call_grammar and g.available()):
@@ -206,6 +208,15 @@ def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     form = g.xml_tool_call_grammar if xml else g.tool_call_grammar
     grammar = form(conv.template_tools, parallel=parallel, free_text=auto)
     return (_auto_grammar(state, grammar) if auto else grammar), "tool_choice"
+
+
+def _harmony_tool_choice(choice) -> tuple[None, str]:
+    """gpt-oss (harmony): auto runs free (its calls are parsed, server/harmony.py); a forced choice
+    has no grammar keyed to harmony's markers yet, so it is refused rather than silently not forced."""
+    if choice != "auto":
+        raise APIError(400, f"tool_choice {choice!r} is not supported for this model yet (gpt-oss's harmony format: "
+                            "tool calls are parsed but not forced); use \"auto\"", param="tool_choice")
+    return None, "tool_choice"
 
 
 def _auto_grammar(state, grammar: str) -> str | None:
@@ -221,6 +232,22 @@ def _auto_grammar(state, grammar: str) -> str | None:
                        "tools' schemas do not compile: %s", problem)
         return None
     return grammar
+
+
+# a request's effort as gpt-oss's template takes it (low, medium, high)
+HARMONY_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+                  "xhigh": "high", "max": "high"}
+
+
+def effort_kwargs(kwargs: dict, effort: str | None) -> dict:
+    """A request's reasoning effort as template variables, unless chat_template_kwargs set them:
+    none renders with enable_thinking false (Qwen3's switch); gpt-oss's template reads
+    reasoning_effort (none and minimal as low, xhigh and max as high; it has no off switch)."""
+    if effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+    if effort in HARMONY_EFFORT:
+        kwargs.setdefault("reasoning_effort", HARMONY_EFFORT[effort])
+    return kwargs
 
 
 def template_kwargs(body: Body, key: str = "chat_template_kwargs") -> dict:

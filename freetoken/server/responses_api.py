@@ -24,7 +24,7 @@ from freetoken.server.errors import APIError
 from freetoken.server.generation import Done, Generation, GenerationError, Ping, cancel_on_disconnect, chat_spec
 from freetoken.server.logprobs import TokenText
 from freetoken.server.messages import Conversation, check_tool_results
-from freetoken.server.protocol import (Body, constrained, json_format_grammar, sampling, template_kwargs,
+from freetoken.server.protocol import (Body, constrained, effort_kwargs, json_format_grammar, sampling, template_kwargs,
                                        tool_choice_grammar)
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
                                               tool_choice, with_instructions)
@@ -165,7 +165,8 @@ def _stream(body: Body) -> bool:
 
 
 def _reasoning(body: Body, kwargs: dict) -> dict:
-    """effort none renders the prompt with enable_thinking=false; no summaries are generated."""
+    """The effort reaches the template (protocol.effort_kwargs: none as enable_thinking=false, gpt-oss's
+    reasoning_effort); no summaries are generated."""
     if not body.has("reasoning"):
         return {"effort": None, "summary": None}
     r = body.obj("reasoning")
@@ -174,8 +175,7 @@ def _reasoning(body: Body, kwargs: dict) -> dict:
     summary = r.str("summary", None, choices=SUMMARIES) or r.str("generate_summary", None, choices=SUMMARIES)
     r.str("context", None, choices=("auto", "current_turn", "all_turns"))
     r.str("mode", None)
-    if effort == "none":
-        kwargs.setdefault("enable_thinking", False)
+    effort_kwargs(kwargs, effort)
     return {"effort": effort, "summary": summary}
 
 

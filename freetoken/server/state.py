@@ -81,7 +81,8 @@ class ServerState:
     def parse_reasoning(self) -> bool:
         mode = self.config.reasoning_parser
         if mode == "auto":
-            return self.ready_engine().tokenizer.token_to_id("</think>") is not None
+            tokenizer = self.ready_engine().tokenizer
+            return tokenizer.token_to_id("</think>") is not None or tokenizer.speaks_harmony
         return mode == "think"
 
 

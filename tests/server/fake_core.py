@@ -27,7 +27,10 @@ from freetoken.engine.request import Request, SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.stop import TextStream
 
-_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+# a user turn in the Qwen3-style template, or harmony's last one (tests/fixtures/harmony/: up to the
+# generation prompt, so that a SAY: text may hold harmony's own markers)
+_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>"
+                   r"|<\|start\|>user<\|message\|>((?:(?!<\|start\|>user<\|message\|>).)*)<\|end\|><\|start\|>assistant$", re.S)
 
 
 class FakeMoE:
@@ -68,7 +71,7 @@ class FakeCore(EngineCore):
 
     def _script(self, prompt_ids):
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        turns = _USER.findall(text)
+        turns = ["".join(groups) for groups in _USER.findall(text)]
         said = turns[-1] if turns else text
         sleep = float(m.group(1)) / 1000 if (m := re.search(r"SLEEP:(\d+)", said)) else 0.0
         if "ECHO" in said:

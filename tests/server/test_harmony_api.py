@@ -1,0 +1,149 @@
+"""gpt-oss's harmony format through the official SDKs: a scripted core (fake_core.py) whose model
+"says" harmony text, on a tokenizer that has harmony's markers as special tokens and a template in
+the format (tests/fixtures/harmony/). analysis becomes reasoning, a message to functions.NAME a tool
+call, final the content: on the OpenAI chat route (whole and streamed), Responses and Anthropic.
+The request's reasoning effort reaches the template."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+from fake_core import FakeCore
+from server_helpers import ServerThread
+
+from freetoken.models.demo import synth_tokenizer_dir
+from freetoken.tokenizer import Tokenizer
+
+MODEL = "tiny-agent-moe"          # the name the scripted server answers to
+MARKERS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "harmony" / "chat_template.jinja"
+THINK_THEN_ANSWER = "SAY:<|channel|>analysis<|message|>Two and two.<|end|><|start|>assistant<|channel|>final<|message|>4"
+CALL = ("SAY:<|channel|>analysis<|message|>Look first.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.read_file <|constrain|>json<|message|>{\"path\": \"a.txt\"}")
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def harmony_dir(tmp_path_factory) -> Path:
+    """The demo vocabulary plus harmony's markers (special tokens), the harmony template, and
+    <|return|> / <|call|> as the stop tokens, as gpt-oss's generation_config says."""
+    from tokenizers import Tokenizer as HF
+    d = tmp_path_factory.mktemp("harmony")
+    tok = HF.from_file(str(synth_tokenizer_dir() / "tokenizer.json"))
+    tok.add_special_tokens(MARKERS)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|return|>"}))
+    shutil.copy(TEMPLATE, d / "chat_template.jinja")
+    ids = [tok.token_to_id(m) for m in ("<|return|>", "<|call|>")]
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def harmony_tokenizer(harmony_dir):
+    tokenizer = Tokenizer.from_dir(harmony_dir)
+    assert tokenizer.speaks_harmony
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def server(harmony_tokenizer):
+    server = ServerThread(lambda: FakeCore(harmony_tokenizer)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def oa(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+
+
+def test_chat_splits_analysis_from_the_final_answer(oa):
+    msg = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": THINK_THEN_ANSWER}]).choices[0].message
+    assert msg.content == "4" and msg.reasoning_content == "Two and two."
+    chunks = list(oa.chat.completions.create(model=MODEL, stream=True,
+                                             messages=[{"role": "user", "content": THINK_THEN_ANSWER}]))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == "4"
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "Two and two."
+
+
+def test_chat_tool_call(oa):
+    choice = oa.chat.completions.create(model=MODEL, tools=TOOLS, messages=[{"role": "user", "content": CALL}]).choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "read_file" and json.loads(call.function.arguments) == {"path": "a.txt"}
+    assert choice.message.reasoning_content == "Look first."
+
+
+def test_a_round_trip_renders_the_call_and_its_result_in_harmony(oa):
+    """The second turn: the assistant's call and the tool's result rendered by the template (ECHO
+    replies the rendered prompt, special tokens skipped, so only the text between them shows)."""
+    messages = [{"role": "user", "content": "read a.txt"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                    "name": "read_file", "arguments": "{\"path\": \"a.txt\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "hello"},
+                {"role": "user", "content": "ECHO"}]
+    echoed = oa.chat.completions.create(model=MODEL, tools=TOOLS, messages=messages).choices[0].message.content
+    assert "commentary to=functions.read_file json{\"path\": \"a.txt\"}" in echoed
+    assert "functions.read_file to=assistantcommentaryhello" in echoed
+
+
+@pytest.mark.parametrize("effort,rendered", [(None, "medium"), ("high", "high"), ("minimal", "low"), ("xhigh", "high")])
+def test_reasoning_effort_reaches_the_template(oa, effort, rendered):
+    extra = {} if effort is None else {"reasoning_effort": effort}
+    echoed = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ECHO"}], **extra)
+    assert f"Reasoning: {rendered}\n" in echoed.choices[0].message.content
+
+
+def test_forced_tool_choice_is_refused_by_name(oa):
+    with pytest.raises(openai.BadRequestError, match="tool_choice 'required' is not supported"):
+        oa.chat.completions.create(model=MODEL, tools=TOOLS, tool_choice="required",
+                                   messages=[{"role": "user", "content": "hi"}])
+
+
+def test_responses_reasoning_item_and_function_call(oa):
+    r = oa.responses.create(model=MODEL, input=CALL, tools=[{"type": "function", "name": "read_file",
+                                                          "parameters": TOOLS[0]["function"]["parameters"]}],
+                            reasoning={"effort": "low"})
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "function_call"], kinds
+    assert r.output[1].name == "read_file" and json.loads(r.output[1].arguments) == {"path": "a.txt"}
+    assert r.output[0].content[0].text == "Look first."
+
+
+def test_anthropic_thinking_and_tool_use(server):
+    client = anthropic.Anthropic(base_url=server.url, api_key="x")
+    msg = client.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": CALL}],
+                                 tools=[{"name": "read_file", "input_schema": TOOLS[0]["function"]["parameters"]}])
+    assert [b.type for b in msg.content] == ["thinking", "tool_use"] and msg.stop_reason == "tool_use"
+    assert msg.content[0].thinking == "Look first." and msg.content[1].input == {"path": "a.txt"}
+
+
+def test_the_engine_serves_a_gpt_oss_directory_that_speaks_harmony(harmony_dir, tmp_path):
+    """The real engine on the gpt-oss fixture's weights with a harmony vocabulary and template (as
+    a hub directory has them): a chat request with tools and an effort is answered, and no marker
+    reaches the client (the random model's output is no test of quality)."""
+    from freetoken.config import EngineConfig
+    from freetoken.engine.core import EngineCore
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gpt_oss" / "fp32"
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(src / f, tmp_path / f)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(harmony_dir / f, tmp_path / f)
+    server = ServerThread(lambda: EngineCore(EngineConfig(model=str(tmp_path), backend="cpu"))).start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+        choice = client.chat.completions.create(model=MODEL, max_tokens=24, tools=TOOLS, reasoning_effort="high",
+                                                messages=[{"role": "user", "content": "hi"}]).choices[0]
+        assert choice.finish_reason in ("stop", "length", "tool_calls")
+        text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
+        assert not any(m in text for m in MARKERS)
+    finally:
+        server.stop()
+
