@@ -19,7 +19,7 @@ from freetoken.server.messages import Conversation
 from freetoken.server.system_messages import place_system
 from freetoken.server.reasoning import OPEN as THINK_OPEN
 from freetoken.server.reasoning import CLOSE as THINK_CLOSE
-from freetoken.server.harmony import HarmonyParser
+from freetoken.server.harmony import HarmonyParser, template_messages
 from freetoken.server.reasoning import ReasoningSplitter
 from freetoken.server.toolcalls import ParsedCall, ToolCallParser
 from freetoken.tokenizer import TooManyTokens
@@ -118,6 +118,8 @@ async def chat_spec(state, conv: Conversation, params: SamplingParams, kwargs: d
 
     def render() -> tuple[str, list[int]]:
         messages = place_system(tokenizer, conv.messages)
+        if tokenizer.speaks_harmony:
+            messages = template_messages(messages)
         text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **kwargs)
         return text, tokenizer.encode(text, limit=limit.tokens - 1 if check else None)
     try:

@@ -108,6 +108,13 @@ class HarmonyParser:
         self.kind, self.header = None, ""
 
 
+def template_messages(messages: list[dict]) -> list[dict]:
+    """The messages as gpt-oss's own template reads them: an assistant turn's reasoning in
+    `thinking` (what the API calls reasoning_content), rendered before its tool call."""
+    return [{**m, "thinking": m["reasoning_content"]} if m.get("reasoning_content") and "thinking" not in m else m
+            for m in messages]
+
+
 def _next_marker(buf: str) -> tuple[int, str | None]:
     found = [(buf.find(m), m) for m in MARKERS if m in buf]
     return min(found) if found else (-1, None)

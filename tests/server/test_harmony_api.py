@@ -82,15 +82,17 @@ def test_chat_tool_call(oa):
 
 
 def test_a_round_trip_renders_the_call_and_its_result_in_harmony(oa):
-    """The second turn: the assistant's call and the tool's result rendered by the template (ECHO
-    replies the rendered prompt, special tokens skipped, so only the text between them shows)."""
+    """The second turn: the assistant's reasoning (as `thinking`, what gpt-oss's template reads), its
+    call and the tool's result rendered by the template (ECHO replies the rendered prompt, special
+    tokens skipped, so only the text between them shows)."""
     messages = [{"role": "user", "content": "read a.txt"},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                {"role": "assistant", "content": None, "reasoning_content": "Look first.",
+                 "tool_calls": [{"id": "c1", "type": "function", "function": {
                     "name": "read_file", "arguments": "{\"path\": \"a.txt\"}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "hello"},
                 {"role": "user", "content": "ECHO"}]
     echoed = oa.chat.completions.create(model=MODEL, tools=TOOLS, messages=messages).choices[0].message.content
-    assert "commentary to=functions.read_file json{\"path\": \"a.txt\"}" in echoed
+    assert "assistantanalysisLook first.assistantcommentary to=functions.read_file json{\"path\": \"a.txt\"}" in echoed
     assert "functions.read_file to=assistantcommentaryhello" in echoed
 
 
