@@ -16,7 +16,8 @@ from freetoken.kernels._bf16 import from_f32
 _STORED = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"),
            "F8_E4M3": np.dtype("u1"),    # block-FP8 codes: models/fp8_weights.py
            "U8": np.dtype("u1")}         # MXFP4 blocks and exponents: models/gpt_oss_weights.py
-_INFER_TAG = {np.dtype(np.uint16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
+_INFER_TAG = {np.dtype(np.uint16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32",
+              np.dtype(np.uint8): "U8"}
 _SCATTER = hasattr(os, "preadv")      # POSIX; elsewhere one readinto per tensor
 _IOV_MAX = 1024                     # buffers one preadv may take (Linux's IOV_MAX)
 _PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
@@ -228,7 +229,7 @@ def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
                      dtypes: str | dict[str, str] | None = None,
                      metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file. `dtypes`: one tag for all, {name: tag}, or None to infer
-    (uint16 -> BF16, float16 -> F16, float32 -> F32). BF16 takes uint16 bits as they are and
+    (uint16 -> BF16, float16 -> F16, float32 -> F32, uint8 -> U8). BF16 takes uint16 bits as they are and
     rounds float input to nearest even."""
     tags = {name: _tag_for(name, tensors[name], dtypes) for name in tensors}
     # Largest element first keeps every tensor aligned to its element size.

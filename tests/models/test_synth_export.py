@@ -56,3 +56,26 @@ def test_cli_writes_shards_with_an_index(tmp_path, monkeypatch):
 def test_hybrids_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="hybrid"):
         export_synth("tiny-hybrid", tmp_path / "h")
+
+
+def test_a_gpt_oss_preset_exports_as_the_hub_ships_it(tmp_path):
+    """MXFP4 experts as `_blocks` + `_scales` with gate and up rows interleaved, fp32 biases, bf16 the
+    rest, quantization_config mxfp4: the loader reads back the same blocks and the same tokens come
+    out (what llama.cpp's converter reads for the gpt-oss benchmark)."""
+    from freetoken import LLM, SamplingParams
+    from freetoken.models.safetensors_io import Checkpoint
+    path = export_synth("tiny-gpt-oss", tmp_path / "g")
+    cfg, synth = synth_model("tiny-gpt-oss", None)
+    assert read_model_config(path) == cfg
+    ck = Checkpoint(path)
+    assert ck.stored_dtype("model.layers.0.mlp.experts.gate_up_proj_blocks") == "U8"
+    assert ck.stored_dtype("model.layers.0.mlp.experts.down_proj_bias") == "F32"
+    assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+    loaded = load_weights(path, cfg)
+    for a, b in zip(synth.layers, loaded.layers, strict=True):
+        for name in ("gate_up", "down", "gate_up_bias", "down_bias", "qkv", "qkv_bias", "sinks", "router", "o_proj"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    tokens = [LLM(model, backend="cpu").generate([5, 90, 300, 7], params)[0].token_ids
+              for model in ("synth:tiny-gpt-oss", str(path))]
+    assert tokens[0] == tokens[1]
