@@ -84,9 +84,11 @@ def _conversation(body: Body, state, route: str):
     kwargs = template_kwargs(body)
     if body.has("output_config"):
         config = body.obj("output_config")
-        if config.has("effort"):          # gpt-oss's template takes it (reasoning_effort); others ignore it
-            effort = config.data["effort"]
-            effort_kwargs(kwargs, effort if isinstance(effort, str) else None)
+        effort = config.data.get("effort")
+        if isinstance(effort, str) and state.ready_engine().tokenizer.speaks_harmony:
+            effort_kwargs(kwargs, effort)         # gpt-oss's template reads it as reasoning_effort
+        elif config.has("effort"):
+            logger.debug("%s: output_config.effort %r ignored (no effort control)", route, effort)
     if body.has("thinking"):
         thinking = body.obj("thinking")
         kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))
