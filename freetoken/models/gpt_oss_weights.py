@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from freetoken.config import ModelConfig
-from freetoken.models.weights import ModelWeights, load_layers, read_stacked, read_tensor
+from freetoken.models.weights import ModelWeights, model_weights, read_stacked, read_tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,12 +46,7 @@ class GptOssLayerWeights:
 
 def load_gpt_oss(ck, cfg: ModelConfig, dtype: np.dtype, log=None) -> ModelWeights:
     """A gpt-oss checkpoint into ModelWeights of GptOssLayerWeights."""
-    V, H = cfg.vocab_size, cfg.hidden_size
-    embed = read_tensor(ck, "model.embed_tokens.weight", (V, H), dtype)
-    lm_head = embed if cfg.tie_word_embeddings else read_tensor(ck, "lm_head.weight", (V, H), dtype)
-    layers = load_layers(lambda i: _load_layer(ck, cfg, i, dtype), cfg.num_layers)
-    return ModelWeights(embed=embed, final_norm=read_tensor(ck, "model.norm.weight", (H,), dtype),
-                        lm_head=lm_head, layers=layers)
+    return model_weights(ck, cfg, dtype, _load_layer)
 
 
 def _load_layer(ck, cfg: ModelConfig, i: int, dtype: np.dtype) -> GptOssLayerWeights:

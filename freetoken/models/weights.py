@@ -59,10 +59,16 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, log=None) -> ModelWeig
 
 def load_qwen3_moe(ck: Checkpoint, cfg: ModelConfig, dtype: np.dtype, log=None) -> ModelWeights:
     """A Qwen3-MoE checkpoint (Qwen3MoeForCausalLM) into ModelWeights."""
+    return model_weights(ck, cfg, dtype, _load_layer)
+
+
+def model_weights(ck: Checkpoint, cfg: ModelConfig, dtype: np.dtype, load_layer) -> ModelWeights:
+    """The embedding, final norm and output head of a HF checkpoint, and its layers read by
+    load_layer(ck, cfg, i, dtype) side by side (load_layers)."""
     V, H = cfg.vocab_size, cfg.hidden_size
     embed = read_tensor(ck, "model.embed_tokens.weight", (V, H), dtype)
     lm_head = embed if cfg.tie_word_embeddings else read_tensor(ck, "lm_head.weight", (V, H), dtype)
-    layers = load_layers(lambda i: _load_layer(ck, cfg, i, dtype), cfg.num_layers)
+    layers = load_layers(lambda i: load_layer(ck, cfg, i, dtype), cfg.num_layers)
     return ModelWeights(embed=embed, final_norm=read_tensor(ck, "model.norm.weight", (H,), dtype),
                         lm_head=lm_head, layers=layers)
 

@@ -91,15 +91,10 @@ def test_bad_slot_raises():
             attention.cpu(q, k_cache, k_cache, table, np.array([seq], np.int32), np.array([pos], np.int32), 1.0)
 
 
-@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
-@pytest.mark.parametrize("Hq,G,D", [(8, 2, 64), (6, 3, 32)])
-def test_tiled_prefill_matches_ref(Hq, G, D, dtype):
-    """The tiled path (attention_tiles): a whole 700-token prefill (several query tiles and key
-    blocks, a causal mask inside blocks), a 150-token chunk over a cached 600-token prefix, and
-    a 40-token chunk and two decode tokens in the same step, all interleaved."""
-    rng = np.random.default_rng(D * G)
-    lengths, chunks = [700, 750, 90, 900, 5], [700, 150, 40, 1, 1]
-    N = sum(lengths) + 7
+def pool_step(rng, lengths, chunks, G, D, dtype, Hq):
+    """Sequences of `lengths` cached positions on shuffled slots; the step computes the last
+    `chunks[i]` positions of sequence i; tokens of the sequences interleaved."""
+    N = sum(lengths) + 5
     k_cache, v_cache = kv_pool(rng, N, G, D, dtype)
     perm = rng.permutation(N).astype(np.int32)
     table = np.full((len(lengths), max(lengths) + 2), -1, np.int32)
@@ -110,10 +105,22 @@ def test_tiled_prefill_matches_ref(Hq, G, D, dtype):
         seq += [s] * c
         pos += range(n - c, n)
     order = rng.permutation(len(seq))
-    seq, pos = np.array(seq, np.int32)[order], np.array(pos, np.int32)[order]
+    q = rng.standard_normal((len(seq), Hq, D)).astype(np.float32)
+    return q, k_cache, v_cache, table, np.array(seq, np.int32)[order], np.array(pos, np.int32)[order], D ** -0.5
+
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("Hq,G,D", [(8, 2, 64), (6, 3, 32)])
+def test_tiled_prefill_matches_ref(Hq, G, D, dtype):
+    """The tiled path (attention_tiles): a whole 700-token prefill (several query tiles and key
+    blocks, a causal mask inside blocks), a 150-token chunk over a cached 600-token prefix, and
+    a 40-token chunk and two decode tokens in the same step, all interleaved."""
+    rng = np.random.default_rng(D * G)
+    q, k_cache, v_cache, table, seq, pos, scale = pool_step(rng, [700, 750, 90, 900, 5], [700, 150, 40, 1, 1],
+                                                           G, D, dtype, Hq)
     assert set(attention._by_path(seq)[1].tolist()) == set(np.flatnonzero(seq >= 3).tolist())
-    q = rng.standard_normal((seq.shape[0], Hq, D)).astype(np.float32) * 2
-    args = (q, k_cache, v_cache, table, seq, pos, 1.0 / np.sqrt(D))
+    args = (q * 2, k_cache, v_cache, table, seq, pos, scale)
     assert_close(f"tiled attention Hq{Hq} G{G} D{D}", attention.ref(*args), attention.cpu(*args),
                  atol=2e-5, rtol=1e-4)
 

@@ -9,7 +9,7 @@ import pytest
 from freetoken.kernels import attention, attention_tiles
 from freetoken.kernels._bf16 import to_f32
 from tests.helpers import assert_close, assert_follows_ref
-from tests.kernels.test_attention import NON_FINITE, kv_pool, non_finite_step, quiet_ref
+from tests.kernels.test_attention import NON_FINITE, non_finite_step, pool_step, quiet_ref
 
 MODES = {"sinks": (True, 0), "window": (False, 128), "both": (True, 128), "window 1": (False, 1),
          "both W100": (True, 100)}   # (sinks?, W)
@@ -32,24 +32,6 @@ def formula(q, k_cache, v_cache, table, seq, pos, scale, sinks=None, window=0):
             e = np.exp(logits - logits.max())
             out[t, h] = (e[:len(keys)] / e.sum()) @ v[rows, h // rep]
     return out
-
-
-def pool_step(rng, lengths, chunks, G, D, dtype, Hq):
-    """Sequences of `lengths` cached positions on shuffled slots; the step computes the last
-    `chunks[i]` positions of sequence i; tokens of the sequences interleaved."""
-    N = sum(lengths) + 5
-    k_cache, v_cache = kv_pool(rng, N, G, D, dtype)
-    perm = rng.permutation(N).astype(np.int32)
-    table = np.full((len(lengths), max(lengths) + 2), -1, np.int32)
-    seq, pos, start = [], [], 0
-    for s, (n, c) in enumerate(zip(lengths, chunks)):
-        table[s, :n] = perm[start:start + n]
-        start += n
-        seq += [s] * c
-        pos += range(n - c, n)
-    order = rng.permutation(len(seq))
-    q = rng.standard_normal((len(seq), Hq, D)).astype(np.float32)
-    return q, k_cache, v_cache, table, np.array(seq, np.int32)[order], np.array(pos, np.int32)[order], D ** -0.5
 
 
 def head_sinks(rng, Hq):

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from freetoken import LLM, SamplingParams
+from freetoken import LLM
 from freetoken.kernels.qformats import format_of
 from freetoken.models.gguf_file import open_gguf
 from freetoken.models.gguf_gpt_oss import gpt_oss_gguf_config, gpt_oss_gguf_weights
 from freetoken.models.hf_config import read_model_config
 from freetoken.models.weights import load_weights
 
-from tests.models.test_hf_parity import teacher_forced_logits
+from tests.models.test_hf_parity import assert_fp32_parity, teacher_forced_logits
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GGUF, HF = FIXTURES / "gguf", FIXTURES / "hf" / "gpt_oss"
@@ -29,12 +29,7 @@ def logits_of(variant: str, backend: str, **kw):
 
 @pytest.mark.parametrize("backend,moe_backend", [("ref", "fused"), ("cpu", "cpu")])
 def test_mxfp4_file_matches_transformers(backend, moe_backend):
-    llm, exp, logits = logits_of("mxfp4", backend, moe_backend=moe_backend, cpu_dots="f32", kv_dtype="float32")
-    P = len(exp["prompt_ids"])
-    np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
-    np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
-    out = llm.generate([exp["prompt_ids"].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-    assert out.token_ids == exp["greedy_ids"].tolist()
+    assert_fp32_parity(*logits_of("mxfp4", backend, moe_backend=moe_backend, cpu_dots="f32", kv_dtype="float32"))
 
 
 def test_bf16_file_is_close_to_transformers_bf16():

@@ -17,7 +17,7 @@ from freetoken.config import ConfigError, EngineConfig
 from freetoken.engine.plan import DeviceFacts, make_plan
 from freetoken.models.hf_config import read_model_config
 
-from tests.models.test_hf_parity import teacher_forced_logits
+from tests.models.test_hf_parity import assert_fp32_parity, teacher_forced_logits
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gpt_oss"
 
@@ -36,13 +36,7 @@ def test_fp32_logits_and_greedy_tokens(variant, backend, moe_backend):
     """fp32, and the hub's layout (MXFP4 experts kept in their blocks, the rest fp32 here) against
     transformers' own MXFP4 reading: the blocks' values are exact, so the fp32 tolerance holds with
     fp32 dots and an fp32 KV cache (the defaults for a quantized checkpoint round activations and KV)."""
-    llm, exp, logits = run(variant, backend, moe_backend, cpu_dots="f32", kv_dtype="float32")
-    prompt, greedy = exp["prompt_ids"], exp["greedy_ids"]
-    P = len(prompt)
-    np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
-    np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
-    out = llm.generate([prompt.tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-    assert out.token_ids == greedy.tolist()
+    assert_fp32_parity(*run(variant, backend, moe_backend, cpu_dots="f32", kv_dtype="float32"))
 
 
 @pytest.mark.parametrize("backend", ["ref", "cpu"])

@@ -47,16 +47,20 @@ def run_fixture(name: str, variant: str, backend: str):
     return llm, exp, teacher_forced_logits(llm, ids)
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu"])
-@pytest.mark.parametrize("name", CHECKPOINTS)
-def test_fp32_logits_and_greedy_tokens(name, backend):
-    llm, exp, logits = run_fixture(name, "fp32", backend)
+def assert_fp32_parity(llm, exp, logits) -> None:
+    """Every position's logits within 2e-4 of transformers' fp32 ones, and its 32 greedy tokens."""
     prompt, greedy = exp["prompt_ids"], exp["greedy_ids"]
     P = len(prompt)
     np.testing.assert_allclose(logits[:P], exp["prefill_logits"], atol=2e-4, rtol=0)
     np.testing.assert_allclose(logits[P - 1:], exp["step_logits"], atol=2e-4, rtol=0)
     out = llm.generate([prompt.tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
     assert out.token_ids == greedy.tolist()
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_fp32_logits_and_greedy_tokens(name, backend):
+    assert_fp32_parity(*run_fixture(name, "fp32", backend))
 
 
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
