@@ -120,7 +120,9 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # ~95 lines; openai-harmony 0.0.8 downloads its vocabulary on first use, so it cannot run offline),
 # the request's effort to the template, SamplingParams.skip_special_tokens; synth_export writing the
 # gpt-oss presets as the hub ships them (~30 lines) for the llama.cpp comparison
-MAX_PACKAGE_LINES = 18_240
+# -> 18,260 (2026-12-07, the gpt-oss review): transformers' gpt-oss config defaults, YaRN's factor on
+# Qwen3-MoE's scores (and refused with partial rotary dims), a harmony GGUF's <|end|> not a stop token
+MAX_PACKAGE_LINES = 18_260
 
 
 def _module_name(path: Path) -> str:

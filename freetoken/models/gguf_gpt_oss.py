@@ -37,15 +37,10 @@ F32 = np.dtype(np.float32)
 def gpt_oss_gguf_config(model: GGUFModel) -> ModelConfig:
     """The ModelConfig of the file's metadata, through the same mapping as a config.json."""
     from freetoken.models.hf_config import model_config_from_dict
-    from freetoken.models.gguf_weights import metadata_float
-    key, need = model.key, model.require
-    hf = hf_config_keys(model, int(need("block_count")))
-    hf["sliding_window"] = int(need("attention.sliding_window"))
+    hf = hf_config_keys(model, int(model.require("block_count")))
+    hf["sliding_window"] = int(model.require("attention.sliding_window"))
     if "rope_scaling" in hf:
-        hf["rope_scaling"] |= {"truncate": False,
-                               "original_max_position_embeddings": int(need("rope.scaling.original_context_length")),
-                               "beta_fast": metadata_float(key("rope.scaling.yarn_beta_fast", 32.0)),
-                               "beta_slow": metadata_float(key("rope.scaling.yarn_beta_slow", 1.0))}
+        hf["rope_scaling"]["truncate"] = False
     return model_config_from_dict(hf)
 
 

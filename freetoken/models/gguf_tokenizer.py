@@ -34,6 +34,8 @@ def gguf_tokenizer(model: GGUFModel):
     types = meta.get("tokenizer.ggml.token_type") or []
     ends = [int(meta[k]) for k in END_KEYS if meta.get(k) is not None]
     ends += [i for i, (t, k) in enumerate(zip(tokens, types)) if k == CONTROL and t in END_TEXTS and i not in ends]
+    if {"<|return|>", "<|call|>"} <= set(tokens):     # harmony (gpt-oss): <|end|> closes a message, not the reply
+        ends = [i for i in ends if tokens[i] != "<|end|>"]
     config = {"chat_template": meta.get("tokenizer.chat_template"),
               "eos_token": tokens[ends[0]] if ends else None,
               "bos_token": tokens[int(meta["tokenizer.ggml.bos_token_id"])]

@@ -62,6 +62,10 @@ def hf_config_keys(model: GGUFModel, layers: int) -> dict:
     scaling = key("rope.scaling.type")
     if scaling and scaling != "none":
         hf["rope_scaling"] = {"rope_type": scaling, "factor": metadata_float(key("rope.scaling.factor", 1.0))}
+        extra = {"original_max_position_embeddings": ("rope.scaling.original_context_length", int),     # YaRN's
+                 "beta_fast": ("rope.scaling.yarn_beta_fast", metadata_float),
+                 "beta_slow": ("rope.scaling.yarn_beta_slow", metadata_float)}
+        hf["rope_scaling"] |= {name: kind(key(k)) for name, (k, kind) in extra.items() if key(k) is not None}
     return hf
 
 

@@ -43,13 +43,14 @@ def model_config_from_dict(top: dict) -> ModelConfig:
     if fam.text_config and "text_config" in top:   # the wrapper's own tie flag wins (transformers reads only it)
         cfg = {**top, **top["text_config"], "tie_word_embeddings": top.get("tie_word_embeddings", False)}
     _check_quantization(top.get("quantization_config"), arch)
+    cfg = _gpt_oss_defaults(cfg) if fam.gpt_oss else cfg
     theta, scaling = _rope_fields(cfg)
     heads = cfg["num_attention_heads"]
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))
     width = cfg["intermediate_size" if fam.gpt_oss else "moe_intermediate_size"]   # I: gpt-oss has only experts
     if experts is None:
         raise ConfigError("config.json has neither num_experts nor num_local_experts")
-    return ModelConfig(
+    return _rope_checked(ModelConfig(
         architecture=arch,
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
@@ -72,7 +73,16 @@ def model_config_from_dict(top: dict) -> ModelConfig:
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         **(_gdn_fields(cfg) if fam.gdn else {}),
         **(_gpt_oss_fields(cfg) if fam.gpt_oss else {}),
-    )
+    ))
+
+
+def _rope_checked(cfg: ModelConfig) -> ModelConfig:
+    """YaRN's attention factor reaches the models as the softmax scale (models/rope_freqs.py), which
+    is right only when RoPE rotates every dim of a head."""
+    if (cfg.rope_scaling or {}).get("rope_type") == "yarn" and cfg.rotary_dim != cfg.head_dim:
+        raise ConfigError("YaRN rope with a partial rotary dimension is not supported: its attention factor scales "
+                          "only the rotated dims of q and k")
+    return cfg
 
 
 def _gdn_fields(cfg: dict) -> dict:
@@ -98,6 +108,17 @@ def _gdn_fields(cfg: dict) -> dict:
     if out["linear_num_value_heads"] % out["linear_num_key_heads"]:
         raise ConfigError("linear_num_value_heads must be a multiple of linear_num_key_heads")
     return out
+
+
+def _gpt_oss_defaults(cfg: dict) -> dict:
+    """gpt-oss's keys a config.json may leave out, as transformers' GptOssConfig fills them in."""
+    defaults = {"head_dim": 64, "sliding_window": 128, "rms_norm_eps": 1e-5}
+    if "rope_scaling" not in cfg and "rope_parameters" not in cfg:
+        defaults["rope_scaling"] = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "truncate": False, "original_max_position_embeddings": 4096}
+    if "rope_theta" not in cfg and "rope_theta" not in (cfg.get("rope_parameters") or {}):
+        defaults["rope_theta"] = 150000.0
+    return {**defaults, **cfg}
 
 
 def _gpt_oss_fields(cfg: dict) -> dict:

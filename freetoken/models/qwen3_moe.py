@@ -9,7 +9,7 @@ import numpy as np
 
 from freetoken.config import ModelConfig
 from freetoken.models.forward_batch import ForwardBatch
-from freetoken.models.rope_freqs import inv_freq
+from freetoken.models.rope_freqs import attention_factor, inv_freq
 
 
 class Qwen3Moe:
@@ -19,7 +19,7 @@ class Qwen3Moe:
         self.cfg, self.w, self.ops, self.moe, self.kv = cfg, weights, ops, moe, kv_pool
         self.inv_freq = ops.to_device(inv_freq(cfg))
         self.moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
-        self.scale = float(cfg.head_dim) ** -0.5
+        self.scale = float(cfg.head_dim) ** -0.5 * attention_factor(cfg) ** 2    # YaRN's factor on q and k
 
     def forward(self, batch: ForwardBatch) -> np.ndarray:
         """Run every layer over the batch's new tokens; returns f32[B, V] logits."""

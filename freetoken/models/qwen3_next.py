@@ -15,7 +15,7 @@ import numpy as np
 
 from freetoken.config import ModelConfig
 from freetoken.models.forward_batch import ForwardBatch
-from freetoken.models.rope_freqs import inv_freq
+from freetoken.models.rope_freqs import attention_factor, inv_freq
 
 
 class Qwen3Next:
@@ -25,7 +25,7 @@ class Qwen3Next:
         self.moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
         self.kv_index = {layer: j for j, layer in enumerate(cfg.attention_layers)}
         self.gdn_index = {layer: j for j, layer in enumerate(cfg.linear_layers)}
-        self.scale = float(cfg.head_dim) ** -0.5
+        self.scale = float(cfg.head_dim) ** -0.5 * attention_factor(cfg) ** 2    # YaRN's factor on q and k
 
     def forward(self, batch: ForwardBatch):
         """Every layer over the batch's new tokens; returns f32[R, V] logits of batch.last_index."""

@@ -291,6 +291,8 @@ def _op_extras(cfg: ModelConfig, biases, backend: str, dev) -> list[dict] | None
     and the layer's expert biases, indexed by expert id; so only backends that call the op on the
     layer's own host bank take them (the expert cache's slots do not carry biases yet, and the
     staged CPU branch of a discrete device passes no keywords)."""
+    if cfg.expert_bias and biases is None:
+        raise ValueError("build_moe: this model's experts add biases; pass biases= (one pair per MoE layer)")
     if biases is None and cfg.glu is None:
         return None
     if backend in CACHED or not dev.host_memory:

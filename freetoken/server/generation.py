@@ -256,7 +256,8 @@ class Generation:
         the request gave tools (else dropped, logged), the rest -> Text."""
         for kind, value in self.harmony.feed(text) + (self.harmony.finish() if final else []):
             if kind == "call" and self.spec.tools is None:
-                logger.warning("%s: a harmony tool call %r without tools in the request was dropped", self.rid, value.name)
+                logger.warning("%s: a harmony tool call %r was dropped (the request gave no tools, or "
+                               "--tool-call-parser none)", self.rid, value.name)
             elif kind == "call" or kind == "content":
                 yield from self._content([value])
             else:

@@ -91,7 +91,7 @@ class HarmonyParser:
 
     def _open_body(self) -> None:
         recipient = _RECIPIENT.search(self.header)
-        channel = self.header.split(CHANNEL)[-1].split()[0] if CHANNEL in self.header else ""
+        channel = (self.header.split(CHANNEL)[-1].split() or [""])[0] if CHANNEL in self.header else ""
         if recipient and recipient.group(1).startswith("functions."):
             self.kind, self.call_name, self.call_body = "call", recipient.group(1)[len("functions."):], ""
         elif recipient:                # a built-in tool (browser, python): this server runs none

@@ -52,3 +52,26 @@ def test_the_file_reads_as_the_checkpoint_it_was_made_from():
         for name in ("gate_up", "down", "gate_up_bias", "down_bias", "sinks", "qkv", "qkv_bias", "router",
                      "router_bias", "o_proj", "o_bias", "input_norm", "post_norm"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+def test_a_harmony_vocabulary_ends_the_reply_on_return_and_call_not_on_end():
+    """<|end|> closes every harmony message (the analysis one too): with <|return|> and <|call|> in
+    the vocabulary it is no stop token, as llama.cpp reads such a file; elsewhere it still is."""
+    import dataclasses
+    from freetoken.models.gguf_tokenizer import CONTROL, gguf_tokenizer
+    model = open_gguf(GGUF / "gpt_oss-mxfp4.gguf")
+    tokens, types = list(model.metadata["tokenizer.ggml.tokens"]), list(model.metadata["tokenizer.ggml.token_type"])
+    markers = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+    for offset, marker in enumerate(markers):
+        tokens[4000 + offset], types[4000 + offset] = marker, CONTROL
+    ids = {m: 4000 + k for k, m in enumerate(markers)}
+
+    def stops(vocab):
+        meta = {**model.metadata, "tokenizer.ggml.tokens": vocab, "tokenizer.ggml.token_type": types}
+        return set(gguf_tokenizer(dataclasses.replace(model, metadata=meta)).stop_token_ids)
+    harmony = stops(tokens)
+    assert {ids["<|return|>"], ids["<|call|>"]} <= harmony and ids["<|end|>"] not in harmony
+    assert gguf_tokenizer(dataclasses.replace(model, metadata={**model.metadata, "tokenizer.ggml.tokens": tokens,
+                                                               "tokenizer.ggml.token_type": types})).speaks_harmony
+    without = [t if t not in ("<|return|>", "<|call|>") else f"[PAD{i}]" for i, t in enumerate(tokens)]
+    assert ids["<|end|>"] in stops(without)

@@ -107,3 +107,36 @@ def test_the_cpu_backend_refuses_an_expert_cache_through_the_api():
 
 
 GPU = DeviceFacts(gpu_missing=None, gpu_name="a GPU", free_device_bytes=80 << 30)
+
+
+def test_a_trimmed_config_gets_gpt_oss_defaults_not_qwen_ones():
+    """Keys a config.json may leave out take transformers' GptOssConfig defaults (window 128, eps
+    1e-5, head_dim 64, YaRN over theta 150000), not the shared ones."""
+    from freetoken.models.hf_config import model_config_from_dict
+    from freetoken.models.rope_freqs import attention_factor
+    written = json.loads((FIXTURE / "fp32" / "config.json").read_text())
+    for key in ("sliding_window", "rms_norm_eps", "head_dim", "rope_parameters", "layer_types"):
+        written.pop(key)
+    cfg = model_config_from_dict(written)
+    assert (cfg.sliding_window, cfg.rms_norm_eps, cfg.head_dim, cfg.rope_theta) == (128, 1e-5, 64, 150000.0)
+    assert cfg.sliding_layers == (0, 2) and cfg.rope_scaling["original_max_position_embeddings"] == 4096
+    assert attention_factor(cfg) == pytest.approx(0.1 * np.log(32) + 1)
+
+
+def test_qwen3_moe_with_yarn_scales_its_scores_and_a_partial_rotary_one_is_refused():
+    """A Qwen3-MoE config with YaRN (Qwen's long-context recipe): the model's softmax scale carries
+    the attention factor squared (transformers scales cos and sin); a GDN model's partial rotary
+    dims with YaRN are refused by name rather than run with the factor on every dim."""
+    from freetoken.models.hf_config import model_config_from_dict
+    from freetoken.models.qwen3_moe import Qwen3Moe
+    from freetoken.models.rope_freqs import attention_factor
+    qwen = json.loads((FIXTURE.parent / "qwen3moe_norm" / "fp32" / "config.json").read_text())
+    qwen["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    cfg = model_config_from_dict(qwen)
+    assert attention_factor(cfg) == pytest.approx(0.1 * np.log(4) + 1)
+    ops = type("Ops", (), {"to_device": staticmethod(lambda a: a)})
+    assert Qwen3Moe(cfg, None, ops, None, None).scale == pytest.approx(cfg.head_dim ** -0.5 * attention_factor(cfg) ** 2)
+    hybrid = json.loads((FIXTURE.parent / "qwen3next" / "fp32" / "config.json").read_text())
+    hybrid["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    with pytest.raises(ConfigError, match="YaRN rope with a partial rotary dimension"):
+        model_config_from_dict(hybrid)

@@ -50,6 +50,7 @@ CASES = {
         "<|channel|>analysis<|message|>search<|end|><|start|>assistant<|channel|>commentary to=browser.search"
         "<|message|>{\"query\": \"x\"}<|call|>", [("reasoning", "search")]),
     "a truncated thought stays reasoning": ("<|channel|>analysis<|message|>half a tho", [("reasoning", "half a tho")]),
+    "an empty channel name is content": ("<|channel|><|message|>hi", [("content", "hi")]),
 }
 
 
