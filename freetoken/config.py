@@ -54,7 +54,6 @@ class ModelConfig:
     sliding_window: int = 0                    # W: a sliding layer's token sees its last W positions
     sliding_layers: tuple[int, ...] = ()       # decoder layers that attend over a window of W
     attention_sinks: bool = False              # a learned logit per query head joins every softmax
-    attention_bias: bool = False               # q/k/v/o projections add a bias
     expert_bias: bool = False                  # the router and the routed experts add biases
     swiglu_limit: float = 0.0                  # > 0: the clamped SwiGLU (kernels/experts.py, glu)
     swiglu_alpha: float = 1.0                  # its sigmoid gain

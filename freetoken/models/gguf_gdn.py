@@ -182,12 +182,6 @@ class _GdnReader(TensorReader):
         super().__init__(model, np.dtype(np.uint16) if model.bf16 else F32, layout)
         self.orders = orders
 
-    def f32(self, name: str) -> np.ndarray:
-        """The tensor widened to float32 whatever the model dtype (hf_gdn keeps these in float32)."""
-        if self.dtype == F32:
-            return self(name)
-        return self.counted(TensorReader(self.model, F32, self.layout)(name))
-
     def gathered(self, name: str, order: str, widen: bool = False) -> np.ndarray:
         """Tensor `name` (kept in blocks unless `widen`) with its rows gathered by orders[order]."""
         w = self(name) if widen else self.kept(name)

@@ -92,14 +92,10 @@ def _layer(read: TensorReader, cfg: ModelConfig, i: int) -> GptOssLayerWeights:
     return GptOssLayerWeights(
         input_norm=read(p + "attn_norm.weight"), post_norm=read(p + "post_attention_norm.weight"),
         qkv=stacked_qkv(read, qkv_names(read.model, p, split), ((Hq + 2 * G) * D, H)),
-        qkv_bias=np.concatenate([_f32(read, p + f"attn_{x}.bias") for x in "qkv"]),
-        o_proj=read.kept(p + "attn_output.weight"), o_bias=_f32(read, p + "attn_output.bias"),
-        sinks=_f32(read, p + "attn_sinks.weight"),
-        router=read(p + "ffn_gate_inp.weight"), router_bias=_f32(read, p + "ffn_gate_inp.bias"),
-        gate_up=gate_up, down=down, down_bias=_f32(read, p + "ffn_down_exps.bias"),
-        gate_up_bias=np.concatenate([_f32(read, p + "ffn_gate_exps.bias"), _f32(read, p + "ffn_up_exps.bias")], axis=1))
+        qkv_bias=np.concatenate([read.f32(p + f"attn_{x}.bias") for x in "qkv"]),
+        o_proj=read.kept(p + "attn_output.weight"), o_bias=read.f32(p + "attn_output.bias"),
+        sinks=read.f32(p + "attn_sinks.weight"),
+        router=read(p + "ffn_gate_inp.weight"), router_bias=read.f32(p + "ffn_gate_inp.bias"),
+        gate_up=gate_up, down=down, down_bias=read.f32(p + "ffn_down_exps.bias"),
+        gate_up_bias=np.concatenate([read.f32(p + "ffn_gate_exps.bias"), read.f32(p + "ffn_up_exps.bias")], axis=1))
 
-
-def _f32(read: TensorReader, name: str) -> np.ndarray:
-    """A bias or the sinks as float32 whatever the model dtype (added to fp32 activations)."""
-    return read.counted(TensorReader(read.model, F32, read.layout)(name))

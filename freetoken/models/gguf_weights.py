@@ -166,6 +166,12 @@ class TensorReader:
         self.blocks_of.add(name)
         return self.counted(read_blocks(t))
 
+    def f32(self, name: str) -> np.ndarray:
+        """The tensor widened to float32 whatever the model dtype (norms, biases, sinks: fp32 in the model)."""
+        if self.dtype == np.float32:
+            return self(name)
+        return self.counted(TensorReader(self.model, np.dtype(np.float32), self.layout)(name))
+
     def counted(self, arrays):
         """arrays (one or a tuple), their bytes added to the loaded total."""
         self.nbytes += sum(a.nbytes for a in (arrays if isinstance(arrays, tuple) else (arrays,)))

@@ -130,8 +130,7 @@ def _gpt_oss_fields(cfg: dict) -> dict:
         raise ConfigError(f"layer_types must list {n} of 'sliding_attention' / 'full_attention', got {types}")
     window = int(cfg.get("sliding_window") or 0)
     sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window else ()
-    return dict(sliding_window=window, sliding_layers=sliding, attention_sinks=True,
-                attention_bias=bool(cfg.get("attention_bias", True)), expert_bias=True,
+    return dict(sliding_window=window, sliding_layers=sliding, attention_sinks=True, expert_bias=True,
                 swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
 
 

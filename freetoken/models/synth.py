@@ -185,8 +185,9 @@ def _moe_layers(cfg: ModelConfig, shape, gen) -> tuple:
 def weight_bytes(cfg: ModelConfig) -> int:
     """Bytes of every weight of a model of this config as generated: bf16 (all MoE layers, or a
     hybrid: synth_gdn's); gpt-oss's MXFP4 experts and fp32 biases as synth_gpt_oss counts them."""
-    if _family(cfg) is not None:
-        return _family(cfg).weight_bytes(cfg)
+    family = _family(cfg)
+    if family is not None:
+        return family.weight_bytes(cfg)
     H, V, D, E, I = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.num_experts, cfg.moe_intermediate_size
     Hq, G = cfg.num_heads, cfg.num_kv_heads
     layer = 2 * H + (Hq + 2 * G) * D * H + H * Hq * D + 2 * D + E * H + 3 * E * I * H

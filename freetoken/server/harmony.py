@@ -116,7 +116,7 @@ def template_messages(messages: list[dict]) -> list[dict]:
 
 
 def _next_marker(buf: str) -> tuple[int, str | None]:
-    found = [(buf.find(m), m) for m in MARKERS if m in buf]
+    found = [(at, m) for m in MARKERS if (at := buf.find(m)) >= 0]
     return min(found) if found else (-1, None)
 
 

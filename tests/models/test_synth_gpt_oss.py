@@ -30,7 +30,7 @@ def test_presets_have_the_public_geometry(spec, layers, experts):
     assert (cfg.moe_intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == \
         (2880, 64, 8, 64, 201088)
     assert cfg.window(0) == 128 and cfg.window(1) == 0 and cfg.sliding_layers == tuple(range(0, layers, 2))
-    assert cfg.glu == (1.702, 7.0) and cfg.attention_sinks and cfg.attention_bias and cfg.expert_bias
+    assert cfg.glu == (1.702, 7.0) and cfg.attention_sinks and cfg.expert_bias
     assert cfg.rope_theta == 150000.0 and cfg.max_position_embeddings == 131072 and cfg.rms_norm_eps == 1e-5
     assert cfg.rope_scaling == {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                 "original_max_position_embeddings": 4096, "truncate": False}

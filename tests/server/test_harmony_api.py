@@ -129,8 +129,9 @@ def test_anthropic_thinking_and_tool_use(server):
 
 def test_the_engine_serves_a_gpt_oss_directory_that_speaks_harmony(harmony_dir, tmp_path):
     """The real engine on the gpt-oss fixture's weights with a harmony vocabulary and template (as
-    a hub directory has them): a chat request with tools and an effort is answered, and no marker
-    reaches the client (the random model's output is no test of quality)."""
+    a hub directory has them): a chat request with tools and an effort is answered. A logit bias
+    makes the model write nothing but <|channel|> markers: they reach the parser (the detokenizer
+    keeps them for this model) and none reaches the client."""
     from freetoken.config import EngineConfig
     from freetoken.engine.core import EngineCore
     src = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gpt_oss" / "fp32"
@@ -141,11 +142,19 @@ def test_the_engine_serves_a_gpt_oss_directory_that_speaks_harmony(harmony_dir, 
     server = ServerThread(lambda: EngineCore(EngineConfig(model=str(tmp_path), backend="cpu"))).start()
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
-        choice = client.chat.completions.create(model=MODEL, max_tokens=24, tools=TOOLS, reasoning_effort="high",
-                                                messages=[{"role": "user", "content": "hi"}]).choices[0]
-        assert choice.finish_reason in ("stop", "length", "tool_calls")
+        channel = Tokenizer.from_dir(harmony_dir).token_to_id("<|channel|>")
+        reply = client.chat.completions.create(model=MODEL, max_tokens=8, tools=TOOLS, reasoning_effort="high",
+                                               logit_bias={str(channel): 100},
+                                               messages=[{"role": "user", "content": "hi"}])
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length" and reply.usage.completion_tokens == 8
         text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
-        assert not any(m in text for m in MARKERS)
+        assert not any(m in text for m in MARKERS) and not choice.message.tool_calls
     finally:
         server.stop()
+    from freetoken import LLM, SamplingParams          # what the parser got: the markers, kept in the text
+    llm = LLM(str(tmp_path), backend="cpu")
+    params = SamplingParams(max_tokens=4, logit_bias=((channel, 100.0),), skip_special_tokens=False)
+    assert llm.generate([[5, 6]], params)[0].text == "<|channel|>" * 4
+    assert llm.generate([[5, 6]], SamplingParams(max_tokens=4, logit_bias=((channel, 100.0),)))[0].text == ""
 
