@@ -122,7 +122,12 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # gpt-oss presets as the hub ships them (~30 lines) for the llama.cpp comparison
 # -> 18,260 (2026-12-07, the gpt-oss review): transformers' gpt-oss config defaults, YaRN's factor on
 # Qwen3-MoE's scores (and refused with partial rotary dims), a harmony GGUF's <|end|> not a stop token
-MAX_PACKAGE_LINES = 18_260
+# -> 18,300 (2026-12-07): gpt-oss on cuda and through the expert cache: the kernels' sinks, window,
+# bias and glu arguments, biases gathered by slot for the cache's calls and host copies for the CPU
+# branch (the plan's gpt-oss refusals removed); -> 18,330 (2026-12-07): gpt-oss's prefill on the
+# int8 tile GEMM (experts_glu.tile_gemm), the hub's MXFP4 re-packed by a numba kernel, bench bw
+# reading a quantized checkpoint's expert format
+MAX_PACKAGE_LINES = 18_330
 
 
 def _module_name(path: Path) -> str:

@@ -77,7 +77,7 @@ class Plan:
 def make_plan(model: ModelConfig, config: EngineConfig, facts: DeviceFacts) -> Plan:
     """The plan; raises ConfigError naming the flag that cannot be met."""
     check_config(config)
-    compute = _within_family(compute_backend(config.backend, facts), model, config)
+    compute = compute_backend(config.backend, facts)
     context = _context(model, config)
     kv_dtype = _kv_dtype(config, facts)
     itemsize, weight_size = kv_itemsize(kv_dtype.value), weight_itemsize(facts)
@@ -102,23 +102,6 @@ def make_plan(model: ModelConfig, config: EngineConfig, facts: DeviceFacts) -> P
     return Plan(compute.value, int(context.value), kv_tokens, kv_dtype.value, moe, graphs.value == "on",
                 prefix.value == "on", host, device, config.max_running_requests if model.has_gdn else 0, memory,
                 decisions)
-
-
-def _within_family(compute: Decision, model: ModelConfig, config: EngineConfig) -> Decision:
-    """What a family's kernels allow: gpt-oss has no CUDA kernels yet (attention sinks, sliding
-    windows, experts with biases), so auto takes the CPU (logged) and --backend cuda or an expert
-    cache (whose slots do not carry biases) is an error."""
-    if not model.attention_sinks:
-        return compute
-    why = "gpt-oss has no CUDA kernels yet (attention sinks, sliding windows, experts with biases)"
-    if config.moe_backend in CACHED:
-        raise ConfigError(f"--moe-backend {config.moe_backend}: {why}, and the expert cache does not carry "
-                          "expert biases yet; use --moe-backend cpu or fused")
-    if compute.value != "cuda":
-        return compute
-    if config.backend == "cuda":
-        raise ConfigError(f"--backend cuda: {why}; use --backend cpu")
-    return Decision("compute", "cpu", f"auto: {why}")
 
 
 def compute_backend(asked: str, facts: DeviceFacts) -> Decision:

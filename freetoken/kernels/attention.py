@@ -9,7 +9,7 @@ Keywords (ref, cpu; gpt-oss): ``window`` W > 0 is a sliding window, position p r
 slot_table[s, max(0, p-W+1)..p] (W positions; 0: the whole prefix). ``sinks`` f32[Hq], one finite
 learned logit a head: it joins the softmax's denominator as exp(sinks[h] - m), m the max over the
 scores and the sink, and its own weight is dropped (the weights sum to < 1; transformers' eager
-gpt-oss). gpu takes neither yet (NotImplementedError).
+gpt-oss). All three devices take both.
 
 Non-finite inputs (cpu and gpu, on every path, follow ``ref``: numpy's exp(s - max) / sum for each
 (token, head) over the token's context). A NaN score (a NaN in the head's q or in a key row the
@@ -156,13 +156,14 @@ def _inputs(w):
 
 ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
     **{f"attention_decode_{tag}": (*_inputs(w), "part_o:f32*", "part_ml:f32*", "Hq:i32", "G:i32",
-                                   "D:i32", "C:i32", "CH:i32", "nch:i32")
+                                   "D:i32", "C:i32", "CH:i32", "nch:i32", "window:i32")
        for tag, w in (("bf16", "u16*"), ("f32", "f32*"))},
-    **{f"attention_prefill_{tag}": (*_inputs(w), "out:f32*", "T:i32", "Hq:i32", "G:i32", "D:i32",
-                                    "C:i32")
+    **{f"attention_prefill_{tag}": (*_inputs(w), "sinks:f32*", "out:f32*", "T:i32", "Hq:i32",
+                                    "G:i32", "D:i32", "C:i32", "window:i32", "use_sinks:i32")
        for tag, w in (("bf16", "u16*"), ("f32", "f32*"))},
-    "attention_decode_reduce_f32": ("part_o:f32*", "part_ml:f32*", "tok_pos:i32*", "out:f32*",
-                                    "Hq:i32", "D:i32", "CH:i32", "nch:i32"),
+    "attention_decode_reduce_f32": ("part_o:f32*", "part_ml:f32*", "tok_pos:i32*", "sinks:f32*",
+                                    "out:f32*", "Hq:i32", "D:i32", "CH:i32", "nch:i32",
+                                    "window:i32", "use_sinks:i32"),
 }
 _SCRATCH: dict = {}  # device id -> grow-only list of byte buffers (see _scratch)
 
@@ -199,12 +200,14 @@ def _decode_chunk(T, G, C, rep, D):
     return max(32, min(most, -(-per // 32) * 32))
 
 
-def _decode(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+def _decode(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, sinks,
+            window):
     T, Hq, D = q.shape
     G, C = k_cache.shape[1], slot_table.shape[1]
     rep = Hq // G
-    CH = _decode_chunk(T, G, C, rep, D)
-    nch = -(-C // CH)
+    span = min(C, window) if window else C     # positions a token can read: chunks cover these
+    CH = _decode_chunk(T, G, span, rep, D)
+    nch = -(-span // CH)
     buf = _scratch(q, scratch_bytes(T, Hq, D, nch))
     at = _align(4 * T * Hq * nch * D)
     part_o = buf[:4 * T * Hq * nch * D].view(np.float32)               # [T,Hq,nch,D]
@@ -212,23 +215,26 @@ def _decode(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale
     entry = f"attention_decode_{tag}"
     args = _cuda.bind(ARGS[entry], q=q, k_cache=k_cache, v_cache=v_cache, slot_table=slot_table,
                       tok_seq=tok_seq, tok_pos=tok_pos, scale=scale, part_o=part_o,
-                      part_ml=part_ml, Hq=Hq, G=G, D=D, C=C, CH=CH, nch=nch)
+                      part_ml=part_ml, Hq=Hq, G=G, D=D, C=C, CH=CH, nch=nch, window=window)
     _cuda.launch(_cuda.kernel("attention", entry), (nch, G, T), (THREADS,), args,
                  shared_mem=4 * (rep * D + rep * CH + CH))
     entry = "attention_decode_reduce_f32"
-    args = _cuda.bind(ARGS[entry], part_o=part_o, part_ml=part_ml, tok_pos=tok_pos, out=out,
-                      Hq=Hq, D=D, CH=CH, nch=nch)
+    args = _cuda.bind(ARGS[entry], part_o=part_o, part_ml=part_ml, tok_pos=tok_pos,
+                      sinks=q if sinks is None else sinks, out=out, Hq=Hq, D=D, CH=CH, nch=nch,
+                      window=window, use_sinks=int(sinks is not None))
     _cuda.launch(_cuda.kernel("attention", entry), (Hq, T), (THREADS,), args)
 
 
-def _prefill(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out):
+def _prefill(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, sinks,
+             window):
     T, Hq, D = q.shape
     G, C = k_cache.shape[1], slot_table.shape[1]
     BQ = 8 if D > 128 else 16  # query tokens per block: 4 warps x RPW rows in prefill_impl
     entry = f"attention_prefill_{tag}"
     args = _cuda.bind(ARGS[entry], q=q, k_cache=k_cache, v_cache=v_cache, slot_table=slot_table,
-                      tok_seq=tok_seq, tok_pos=tok_pos, scale=scale, out=out, T=T, Hq=Hq, G=G,
-                      D=D, C=C)
+                      tok_seq=tok_seq, tok_pos=tok_pos, scale=scale,
+                      sinks=q if sinks is None else sinks, out=out, T=T, Hq=Hq, G=G, D=D, C=C,
+                      window=window, use_sinks=int(sinks is not None))
     _cuda.launch(_cuda.kernel("attention", entry), (-(-T // BQ), Hq), (THREADS,), args,
                  shared_mem=4 * D * (33 + BQ))   # K tile [D][33] + queries [BQ][D]
 
@@ -237,9 +243,8 @@ def gpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, *, sinks=
     """Same contract as ``ref`` on CuPy arrays; ``out`` f32[T,Hq,D] is required. One token per
     sequence (T == B, as every scheduled row has >= 1 token): split-K decode kernel + reduce;
     otherwise the prefill kernel. Both are correct for any layout: the choice is speed only.
-    No host synchronisation (capture-safe), so slots are checked only under FREETOKEN_KERNEL_DEBUG."""
-    if sinks is not None or window:
-        raise NotImplementedError("attention sinks / sliding window: no CUDA kernel yet")
+    No host synchronisation (capture-safe), so slots are checked only under FREETOKEN_KERNEL_DEBUG.
+    Without sinks the kernels get q's pointer in their place, unread (use_sinks 0)."""
     from freetoken.env import flag
     from freetoken.kernels import _cuda
     T, Hq, D = q.shape
@@ -250,12 +255,14 @@ def gpu(q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, *, sinks=
     assert Hq % G == 0 and 0 < D <= 256 and C > 0, (q.shape, k_cache.shape, slot_table.shape)
     assert out.shape == (T, Hq, D) and tok_seq.shape == tok_pos.shape == (T,), \
         (out.shape, tok_seq.shape, tok_pos.shape)
+    assert int(window) >= 0 and (sinks is None or (sinks.shape == (Hq,) and sinks.dtype == np.float32)), \
+        (window, getattr(sinks, "shape", None))
     if T == 0:
         return out
     if flag("KERNEL_DEBUG"):   # synchronises: never inside a graph capture
         _check(q, k_cache, *(a.get() if hasattr(a, "get") else a
-                             for a in (slot_table, tok_seq, tok_pos)))
+                             for a in (slot_table, tok_seq, tok_pos)), int(window))
     run = _decode if T == B else _prefill
     run(_cuda, _cuda.dtype_tag(k_cache), q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale,
-        out)
+        out, sinks, int(window))
     return out

@@ -216,7 +216,7 @@ def _as_f32(w, buf):
 
 def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False, bias=None, glu=None):
     """Same contract as ``ref``; numba GEMVs for few tokens per expert, BLAS for many. With bias or
-    glu only the general paths run (experts_glu.gemv, _blas), none of the specialised ones."""
+    glu the general paths run (experts_glu.gemv, _blas) and the int8 tile GEMM (experts_glu.tile_gemm)."""
     x = np.ascontiguousarray(x, np.float32)
     T, H = x.shape
     (S, two_i, Hg), (_, Hd, I) = logical_shape(gate_up), logical_shape(down)
@@ -227,10 +227,12 @@ def cpu(x, ids, weights, gate_up, down, out=None, *, dots="f32", bf16=False, bia
         out = np.empty((T, H), np.float32)
     bias, plain = experts_glu.biases(bias, S, I, H), bias is None and glu is None
     plan = _plan(np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32), S)
-    if quantized and plain:
+    if quantized:
         from freetoken.kernels import experts_quant as quant
         if quant.uses_gemm(gate_up, down, dots, plan):
-            return quant.gemm(x, gate_up, down, *plan, out)
+            if plain:
+                return quant.gemm(x, gate_up, down, *plan, out)
+            return experts_glu.tile_gemm(x, gate_up, down, plan, out, bias, glu)
     bf16 = wants_bf16(gate_up, bf16)
     many = plan[2].shape[0] >= BLAS_MIN_PAIRS * max(1, plan[0].shape[0])
     if many and plain and bf16 and experts_bf16.runs_here(weight_rows(gate_up), weight_rows(down)):
@@ -254,28 +256,30 @@ PLAN_THREADS = 1024     # experts_plan_i32 is one block of this many threads
 MAX_TILE_BLOCKS = 1024  # GEMM grid.x: a block-strided loop covers the remaining tiles
 _W = (("bf16", "u16*"), ("f32", "f32*"))
 _PLAN = ("perm:i32*", "offs:i32*", "tile_expert:i32*", "tile_row:i32*", "n_tiles:i32*")
+_GU = ("gu_bias:f32*", "alpha:f32", "limit:f32", "use_bias:i32", "clamped:i32")  # bias=, glu=
+_DN = ("dn_bias:f32*", "use_bias:i32")
 ARGS = {  # launch order of each entry point; tests/kernels/test_signatures.py checks it
     **{f"experts_gate_up_{t}": ("x:f32*", "ids:i32*", f"gate_up:{w}", "act:f32*", "k:i32",
-                                "H:i32", "I:i32", "S:i32") for t, w in _W},
+                                "H:i32", "I:i32", "S:i32", *_GU) for t, w in _W},
     **{f"experts_down_{t}": ("ids:i32*", "weights:f32*", f"down:{w}", "act:f32*", "out:f32*",
-                             "k:i32", "H:i32", "I:i32", "S:i32") for t, w in _W},
+                             "k:i32", "H:i32", "I:i32", "S:i32", *_DN) for t, w in _W},
     **{f"experts_gemm_gate_up_{t}": ("x:f32*", f"gate_up:{w}", *_PLAN, "act:f32*", "k:i32",
-                                     "H:i32", "I:i32") for t, w in _W},
-    **{f"experts_gemm_down_{t}": ("act:f32*", f"down:{w}", *_PLAN, "y:f32*", "H:i32", "I:i32")
-       for t, w in _W},
+                                     "H:i32", "I:i32", *_GU) for t, w in _W},
+    **{f"experts_gemm_down_{t}": ("act:f32*", f"down:{w}", *_PLAN, "y:f32*", "H:i32", "I:i32",
+                                  *_DN) for t, w in _W},
     "experts_plan_i32": ("ids:i32*", "P:i32", "S:i32", "offs:i32*", "cursor:i32*", "perm:i32*",
                          "tile_expert:i32*", "tile_row:i32*", "n_tiles:i32*"),
     "experts_combine_f32": ("ids:i32*", "weights:f32*", "y:f32*", "out:f32*", "k:i32", "H:i32",
                             "S:i32"),
     # cuda/experts_quant.cu: quantized banks, one module per format, slots a stride apart
     "experts_gate_up_q": ("x:f32*", "ids:i32*", "gate_up:u8*", "gu_stride:i64", "act:f32*",
-                          "k:i32", "H:i32", "I:i32", "S:i32"),
+                          "k:i32", "H:i32", "I:i32", "S:i32", *_GU),
     "experts_down_q": ("ids:i32*", "weights:f32*", "down:u8*", "dn_stride:i64", "act:f32*",
-                       "out:f32*", "k:i32", "H:i32", "I:i32", "S:i32"),
+                       "out:f32*", "k:i32", "H:i32", "I:i32", "S:i32", *_DN),
     "experts_gemm_gate_up_q": ("x:f32*", "gate_up:u8*", "gu_stride:i64", *_PLAN, "act:f32*",
-                               "k:i32", "H:i32", "I:i32"),
+                               "k:i32", "H:i32", "I:i32", *_GU),
     "experts_gemm_down_q": ("act:f32*", "down:u8*", "dn_stride:i64", *_PLAN, "y:f32*", "H:i32",
-                            "I:i32"),
+                            "I:i32", *_DN),
 }
 
 
@@ -311,7 +315,7 @@ class _Banks:
     experts_quant.cu's *_q built for the bank's format (gate_up and down may differ: Q4_K_M keeps
     some layers' down in Q6_K), with the slot stride it reads quantized slots at."""
 
-    def __init__(self, _cuda, gate_up, down):
+    def __init__(self, _cuda, gate_up, down, glu_args):
         self._cuda, self.quantized = _cuda, is_quantized(gate_up)
         self.tag = "q" if self.quantized else _cuda.dtype_tag(gate_up)
         if self.quantized:   # slot views may be strided in their first axis (pool.slot_views)
@@ -321,6 +325,8 @@ class _Banks:
             self.defines = {"gate_up": _cuda.quant_defines(gate_up), "down": _cuda.quant_defines(down)}
         else:
             self.banks, self.extra = {"gate_up": gate_up, "down": down}, {"gate_up": {}, "down": {}}
+        for bank in ("gate_up", "down"):
+            self.extra[bank].update(glu_args[bank])
 
     def launch(self, kind, bank, grid, block, **args):
         """Launch experts_<kind>_<tag> reading ``bank`` ("gate_up" or "down")."""
@@ -361,9 +367,8 @@ def gpu(x, ids, weights, gate_up, down, out, *, bias=None, glu=None):
     outside [0, S) are masked in-kernel (their scratch rows are never read). No host sync, so
     capture-safe; the one allocation is the shared grow-only scratch (scratch_bytes()).
     Quantized banks ([S,2I,H/V,B], [S,H,I/V,B]; each slot contiguous, the slots may be a stride
-    apart) are read in their blocks (cuda/experts_quant.cu). bias and glu: not yet."""
-    if bias is not None or glu is not None:
-        raise NotImplementedError("experts bias / clamped SwiGLU: no CUDA kernel yet")
+    apart) are read in their blocks (cuda/experts_quant.cu). bias (device f32 [S,2I] and [S,H])
+    and glu=(alpha, limit) as in ``ref``."""
     from freetoken.env import flag
     from freetoken.kernels import _cuda
     T, H = x.shape
@@ -378,5 +383,20 @@ def gpu(x, ids, weights, gate_up, down, out, *, bias=None, glu=None):
         raise IndexError("experts: expert id out of range")
     part = _carve(x, _layout(T, k, H, I, S))
     run = _decode if T <= GEMV_MAX_T else _prefill
-    run(_cuda, _Banks(_cuda, gate_up, down), x, ids, weights, out, part, k, H, I, S)
+    run(_cuda, _Banks(_cuda, gate_up, down, _glu_args(x, bias, glu, S, I, H)), x, ids, weights,
+        out, part, k, H, I, S)
     return out
+
+
+def _glu_args(x, bias, glu, S, I, H) -> dict:
+    """The kernels' bias= and glu= arguments per bank (cuda/experts_impl.cuh's Glu): without a
+    bias its pointer is x's, unread (use_bias 0)."""
+    if bias is not None:
+        gub, dnb = bias
+        assert gub.shape == (S, 2 * I) and dnb.shape == (S, H), (gub.shape, dnb.shape, (S, I, H))
+    gub, dnb = (x, x) if bias is None else bias
+    alpha, limit = (0.0, 0.0) if glu is None else glu
+    use = int(bias is not None)
+    return {"gate_up": {"gu_bias": gub, "alpha": alpha, "limit": limit, "use_bias": use,
+                        "clamped": int(glu is not None)},
+            "down": {"dn_bias": dnb, "use_bias": use}}

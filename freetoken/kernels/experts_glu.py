@@ -1,6 +1,8 @@
 """The routed experts with per-expert biases and gpt-oss's clamped SwiGLU (experts.py's ``bias=`` and
-``glu=``): the clamped SwiGLU in numpy (``clamped_swiglu``: experts.ref's and experts._blas's) and
-experts.cpu's path for few tokens per expert (``gemv``), the general one of every bank kind:
+``glu=``): the clamped SwiGLU in numpy (``clamped_swiglu``: experts.ref's and experts._blas's),
+experts.cpu's int8 tile GEMM for many tokens per expert of quantized banks (``tile_gemm``:
+experts_quant's passes with ``_glu`` between the two products), and its path for few tokens per
+expert (``gemv``), the general one of every bank kind:
 
   h = gate_up rows . x for each routed pair (dense: experts._down's pair-row dots over x gathered
   per pair; quantized: ``_q_rows``), then ``_glu`` (+ gate_up bias, the SwiGLU, into act f32[P,I]),
@@ -108,6 +110,35 @@ def _dense(x, gate_up, down, plan, bf16, act_of, y, pair_rows):
     pair_rows(split_x(rounded_bf16(act) if bf16 else act, dn), dn, uniq, offs, iota, y)
 
 
+def _glu_args(bias, glu, I) -> tuple:
+    """_glu's gub (empty without biases), alpha and limit (f32), clamped."""
+    gub = bias[0] if bias is not None else np.empty((0, 2 * I), np.float32)
+    alpha, limit = (np.float32(v) for v in (glu if glu is not None else (0.0, 0.0)))
+    return gub, alpha, limit, glu is not None
+
+
+def tile_gemm(x, gate_up, down, plan, out, bias, glu):
+    """experts.cpu with ``bias`` or ``glu`` at many tokens per expert on quantized banks with int8
+    dots (experts_quant.uses_gemm): the int8 tile GEMM's passes with ``_glu`` between gate_up's
+    product and down's; down's bias as one product of the routing weights per expert [T,S] and
+    the biases [S,H]."""
+    from freetoken.kernels import experts_quant
+    uniq, offs, ptok, pw = plan
+    gub, alpha, limit, clamped = _glu_args(bias, glu, logical_shape(down)[2])
+
+    def act_of(h, uniq, offs):
+        act = np.empty((h.shape[0], h.shape[1] // 2), np.float32)
+        _glu(h, False, gub, np.repeat(uniq, np.diff(offs)), alpha, limit, clamped, act)
+        return act
+
+    experts_quant.gemm(x, gate_up, down, uniq, offs, ptok, pw, out, act_of)
+    if bias is not None:
+        routing = np.zeros((out.shape[0], bias[1].shape[0]), np.float32)       # [T,S]
+        np.add.at(routing, (ptok, np.repeat(uniq, np.diff(offs))), pw)
+        out += routing @ bias[1]
+    return out
+
+
 def gemv(x, gate_up, down, plan, out, dots, bf16, bias, glu, pair_rows):
     """experts.cpu with ``bias`` (biases()) or ``glu`` at few tokens per expert: out f32[T,H] for
     experts._plan's groups ``plan``; dots as qact.wants_int8, bf16 as experts_bf16.wants_bf16
@@ -118,12 +149,11 @@ def gemv(x, gate_up, down, plan, out, dots, bf16, bias, glu, pair_rows):
         out[...] = 0.0
         return out
     pe = np.repeat(uniq, np.diff(offs))                                         # each pair's expert
-    gub = bias[0] if bias is not None else np.empty((0, 2 * I), np.float32)
-    alpha, limit = (np.float32(v) for v in (glu if glu is not None else (0.0, 0.0)))
+    gub, alpha, limit, clamped = _glu_args(bias, glu, I)
 
     def act_of(h, by_row):
         act = np.empty((P, I), np.float32)
-        _glu(h, by_row, gub, pe, alpha, limit, glu is not None, act)
+        _glu(h, by_row, gub, pe, alpha, limit, clamped, act)
         return act
 
     y = np.empty((out.shape[1], P), np.float32)                                 # [H,P]

@@ -114,23 +114,28 @@ def uses_gemm(gate_up, down, dots, plan) -> bool:
     return all(wants_int8(w, dots) and qgemm.supported(w) for w in (gate_up, down)) and qgemm.fast_here()
 
 
-def _pass(q, d, gate_up, down, uniq, offs, rows, pw, out):
+def _pass(q, d, gate_up, down, uniq, offs, rows, pw, out, act_of=None):
     """out f32[T,H] += each pair's expert output weighted by pw, for groups uniq of rows of the
     rounded x (q, d): gate_up's tile GEMM with the silu (a row and its up row together: no
     [P,2I] result), the activations rounded, down's tile GEMM adding into out as it goes (a
-    separate pass over a [P,H] result was ~5% of a prefill)."""
+    separate pass over a [P,H] result was ~5% of a prefill). act_of(h [P,2I], uniq, offs) -> act
+    f32[P,I]: another activation (experts_glu's biases and clamped SwiGLU) on the whole product."""
     P, I = rows.shape[0], logical_shape(gate_up)[1] // 2
     src, first = qgemm.lane_sources(offs, rows)
     t = qgemm.tiles(q, d, src, format_of(gate_up).code)
-    act = qgemm.gemm(gate_up, t, uniq, offs, first, np.empty((P, I), np.float32), False, swiglu=True)   # [P,I]
+    if act_of is None:
+        act = qgemm.gemm(gate_up, t, uniq, offs, first, np.empty((P, I), np.float32), False, swiglu=True)   # [P,I]
+    else:
+        act = act_of(qgemm.gemm(gate_up, t, uniq, offs, first, np.empty((P, 2 * I), np.float32), False), uniq, offs)
     qa, da, _ = quantize(act)
     t = qgemm.tiles(qa, da, qgemm.lane_sources(offs, np.arange(P, dtype=np.int32))[0], format_of(down).code)
     return qgemm.gemm(down, t, uniq, offs, first, out, False, add_to=(rows, pw))
 
 
-def gemm(x, gate_up, down, uniq, offs, ptok, pw, out):
+def gemm(x, gate_up, down, uniq, offs, ptok, pw, out, act_of=None):
     """Many tokens per expert (uses_gemm): out f32[T,H] = each token's experts weighted and
-    summed, for experts._plan's groups; x rounded once, the groups in passes of PASS_PAIRS."""
+    summed, for experts._plan's groups; x rounded once, the groups in passes of PASS_PAIRS;
+    act_of: _pass's."""
     q, d, _ = quantize(x)
     out[:] = 0
     a = 0
@@ -139,6 +144,7 @@ def gemm(x, gate_up, down, uniq, offs, ptok, pw, out):
         while b < uniq.shape[0] and offs[b + 1] - offs[a] <= PASS_PAIRS:
             b += 1
         pairs = slice(offs[a], offs[b])
-        _pass(q, d, gate_up, down, uniq[a:b], (offs[a:b + 1] - offs[a]).astype(np.int32), ptok[pairs], pw[pairs], out)
+        _pass(q, d, gate_up, down, uniq[a:b], (offs[a:b + 1] - offs[a]).astype(np.int32), ptok[pairs], pw[pairs], out,
+              act_of)
         a = b
     return out

@@ -69,9 +69,10 @@ class CpuBranch:
             self._bufs[(H, k)] = (cap, bufs)
         return tuple(b[:T] for b in bufs)
 
-    def start(self, x, cpu_ids, weights, bank) -> tuple:
-        """Stage the call's inputs (see stage); bank (gate_up, down) is the layer's host bank."""
-        return self.stage(x, cpu_ids, weights), bank
+    def start(self, x, cpu_ids, weights, bank, extras=None) -> tuple:
+        """Stage the call's inputs (see stage); bank (gate_up, down) is the layer's host bank,
+        extras the op's keywords for it (host arrays)."""
+        return self.stage(x, cpu_ids, weights), bank, extras
 
     def stage(self, x, cpu_ids, weights) -> tuple:
         """Enqueue x f32[T,H], cpu_ids int32[T,k] (-1: not on the CPU), weights f32[T,k] -> pinned."""
@@ -85,33 +86,31 @@ class CpuBranch:
         """Wait for the staging copy, run the CPU pairs of start's job, add into out f32[T,H] on
         the compute stream. False (nothing done) when no pair is on the CPU, or when out is None
         (the device op raised: the staging copy is only waited for)."""
-        bufs, bank = job
+        bufs, bank, extras = job
         self.dev.synchronize(self._staged)
         if out is None or not (bufs[1] >= 0).any():
             return False
-        self.compute(bufs, bank)
+        self.compute(bufs, bank, extras)
         self.merge(bufs, out)
         return True
 
     def run_all(self, x, ids, weights, bank, extras=None):
         """Every pair on the CPU (the cpu backend): f32[T,H] on the device. extras: the op's bias /
-        glu keywords (a model with biased experts is refused before a discrete device: moe/runtime.py)."""
-        if extras:
-            raise ValueError("the staged CPU branch takes no experts-op keywords")
+        glu keywords, host arrays (moe/runtime.py's cpu_extras), run inline with them."""
         bufs = self.stage(x, ids, weights)
         self.dev.synchronize(self._staged)
-        self.compute(bufs, bank)
+        self.compute(bufs, bank, extras)
         out = self.dev.xp.empty(x.shape, np.float32)
         self.dev.h2d(out, bufs[3])
         return out
 
-    def compute(self, bufs: tuple, bank) -> None:
+    def compute(self, bufs: tuple, bank, extras=None) -> None:
         x_h, ids_h, w_h, out_h, _ = bufs
         self.calls += 1
         if self.executor is None:
-            self._op(x_h, ids_h, w_h, bank[0], bank[1], out_h)
+            self._op(x_h, ids_h, w_h, bank[0], bank[1], out_h, **(extras or {}))
             return
-        self.executor.submit(x_h, ids_h, w_h, bank[0], bank[1], out_h)
+        self.executor.submit(x_h, ids_h, w_h, bank[0], bank[1], out_h, **(extras or {}))
         self.executor.wait()
 
     def merge(self, bufs: tuple, out) -> None:
@@ -133,13 +132,13 @@ class HostCpuBranch:
         self.executor = CpuExecutor(cpu_op, threads) if overlap else None
         self.calls = 0                   # layer calls that had CPU work
 
-    def start(self, x, cpu_ids, weights, bank):
+    def start(self, x, cpu_ids, weights, bank, extras=None):
         """Submit the -1 pairs (cpu_ids int32[T,k], -1: not on the CPU) to the executor thread;
         None when there are none. The arrays must stay as they are until finish()."""
         if not (cpu_ids >= 0).any():
             return None
         self.calls += 1
-        self.executor.submit(x, cpu_ids, weights, bank[0], bank[1])
+        self.executor.submit(x, cpu_ids, weights, bank[0], bank[1], **(extras or {}))
         return True
 
     def finish(self, job, out) -> None:

@@ -7,7 +7,7 @@ cudaMemcpyAsync on the compute stream. ``HostDevice``: numpy arrays, and every "
 done on the spot; the CPU engine runs the MoE runtime over it.
 
 Each has: ``xp``, ``residency(L, E, S)``, ``needs_pinning``, ``host_memory``, ``host_views(host_pool, j)``,
-``to_device(a)``, ``pinned(shape, dtype)``, ``d2h(dst, src)``, ``h2d(dst, src)``, ``event()``,
+``to_device(a)``, ``to_host(a)``, ``pinned(shape, dtype)``, ``d2h(dst, src)``, ``h2d(dst, src)``, ``event()``,
 ``record(ev, on_copy=False)``, ``wait(ev, on_copy=False)``, ``synchronize(ev)``, ``copy_stream()``
 (a context manager making the copy stream current), ``free_cached()``.
 
@@ -43,6 +43,9 @@ class HostDevice:
 
     def to_device(self, a):
         return np.ascontiguousarray(a)
+
+    def to_host(self, a) -> np.ndarray:
+        return np.asarray(a)
 
     def pinned(self, shape, dtype) -> np.ndarray:
         return np.empty(shape, dtype)
@@ -93,6 +96,9 @@ class CudaDevice:
 
     def to_device(self, a):
         return self._cp.asarray(np.ascontiguousarray(a))
+
+    def to_host(self, a) -> np.ndarray:
+        return self._cp.asnumpy(a)
 
     def pinned(self, shape, dtype) -> np.ndarray:
         """A pinned numpy array (async copies); pageable when pinning fails (copies then block)."""

@@ -41,8 +41,9 @@ class CpuExecutor:
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, x, ids, weights, gate_up, down, out=None) -> None:
-        """Queue one op call: x f32[T,H], ids int32[T,k] (-1 skipped), weights f32[T,k], banks [E,...]."""
+    def submit(self, x, ids, weights, gate_up, down, out=None, **extras) -> None:
+        """Queue one op call: x f32[T,H], ids int32[T,k] (-1 skipped), weights f32[T,k], banks [E,...];
+        extras: the op's keywords (a gpt-oss layer's bias= and glu=)."""
         if self._thread is None:
             raise RuntimeError("CpuExecutor.submit after close()")
         if self._pending:
@@ -50,7 +51,7 @@ class CpuExecutor:
         if out is None:
             out = np.empty((x.shape[0], x.shape[1]), np.float32)
         self._pending = True
-        self._jobs.put((x, ids, weights, gate_up, down, out))
+        self._jobs.put(((x, ids, weights, gate_up, down, out), extras))
 
     def wait(self) -> np.ndarray:
         """The partial sum f32[T,H] of the job in flight; re-raises the worker's exception."""
@@ -91,7 +92,8 @@ class CpuExecutor:
                 if not configured:                # inside try: a failure reaches wait()
                     self._set_numba_threads(self._threads)
                     configured = True
-                self._results.put((True, self._op(*job)))
+                args, extras = job
+                self._results.put((True, self._op(*args, **extras)))
             except BaseException as err:          # handed to wait(); the worker keeps serving
                 self._results.put((False, err))
 

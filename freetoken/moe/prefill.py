@@ -63,10 +63,13 @@ class PrefillStreamer:
         """Forget which layers the buffers hold (after the residency state was reset)."""
         self._loaded, self._next = [-1, -1], 0
 
-    def run(self, j: int, x, ids, weights, experts_op):
-        """Prefill MoE layer j: x f32[T,H], ids int32[T,k] (unmapped), weights f32[T,k] -> f32[T,H]."""
+    def run(self, j: int, x, ids, weights, experts_op, extras=None):
+        """Prefill MoE layer j: x f32[T,H], ids int32[T,k] (unmapped), weights f32[T,k] -> f32[T,H].
+        extras: the op's keywords for the layer (bias rows by expert id: each call gets the rows of
+        the experts it holds, in slot order)."""
+        extras = extras or {}
         if not self.overlap:
-            return self._materialised(j, x, ids, weights, experts_op)
+            return self._materialised(j, x, ids, weights, experts_op, extras)
         if j == 0 or j != self._next:    # a new forward (or an unexpected order): start over
             self._begin()
         b = j % 2
@@ -75,7 +78,7 @@ class PrefillStreamer:
             self._prefetch(j + 1)        # overlaps this layer's compute
         self.dev.wait(self._ready[b])
         lo, (gate_up, down) = b * self.E, self.slots(j)
-        out = experts_op(x, ids, weights, gate_up[lo:lo + self.E], down[lo:lo + self.E])
+        out = experts_op(x, ids, weights, gate_up[lo:lo + self.E], down[lo:lo + self.E], **extras)
         self.dev.record(self._release[b])
         self._next = j + 1
         return out
@@ -98,7 +101,7 @@ class PrefillStreamer:
         self._loaded[b] = layer
         self.loads += 1
 
-    def _materialised(self, j: int, x, ids, weights, experts_op):
+    def _materialised(self, j: int, x, ids, weights, experts_op, extras):
         xp, G, out = self.dev.xp, self.group, None
         host, (gate_up, down) = self.dev.host_views(self.host, j), self.slots(j)
         for first in range(0, self.E, G):
@@ -108,10 +111,17 @@ class PrefillStreamer:
             self.loads += 1
             local = ids if n == self.E else xp.where((ids >= first) & (ids < first + n),
                                                      ids - first, -1).astype(np.int32)
-            part = experts_op(x, local, weights, gate_up[:n], down[:n])
+            part = experts_op(x, local, weights, gate_up[:n], down[:n], **_expert_rows(extras, first, n))
             out = part if out is None else out + part
         self._next = j + 1
         return out
+
+
+def _expert_rows(extras: dict, first: int, n: int) -> dict:
+    """extras with its bias rows cut to experts [first, first+n), the ones a group's call holds."""
+    if "bias" not in extras:
+        return extras
+    return {**extras, "bias": tuple(b[first:first + n] for b in extras["bias"])}
 
 
 def prefill_as_decode(ids, xp, max_tokens: int, num_slots: int) -> bool:

@@ -69,9 +69,11 @@ class MoERuntime:
 
     def __init__(self, backend: str, host: HostPool, dev, experts_op, cpu_op, *,
                  policy: FetchPolicy | None = None, num_slots: int = 0, cpu_threads: int = 0,
-                 disable_overlap: bool = False, handoff: str = HANDOFF_MODE, log=None, extras=None):
+                 disable_overlap: bool = False, handoff: str = HANDOFF_MODE, log=None, extras=None,
+                 cpu_extras=None):
         self.backend, self.host, self.dev, self.policy = backend, host, dev, policy
         self._extras = extras or [{}] * host.num_layers   # per layer: the experts op's bias / glu keywords
+        self._cpu_extras = cpu_extras or self._extras     # the same for the CPU branch (host arrays)
         self._op, self._log, self._disable_overlap = experts_op, log, disable_overlap   # raw sink
         self.L, self.E = host.num_layers, host.banks[0].num_experts
         self.cached = backend in CACHED
@@ -121,7 +123,7 @@ class MoERuntime:
             return self._experts(x, ids, weights, *self.resident[j], **self._extras[j])
         if self.backend == "cpu":
             self.res.count_routed(j, ids, ("misses", "cpu_execs"))
-            return self.branch.run_all(x, ids, weights, self.host.host(j), self._extras[j])
+            return self.branch.run_all(x, ids, weights, self.host.host(j), self._cpu_extras[j])
         return self._decode_cached(j, x, ids, weights)
 
     def inline_bank(self, j: int, prefill: bool):
@@ -140,8 +142,8 @@ class MoERuntime:
         if self.resident is not None:
             return self._experts(x, ids, weights, *self.resident[j], **self._extras[j])
         if self.streamer is None:                  # pageable host pool: all on the CPU
-            return self.branch.run_all(x, ids, weights, self.host.host(j), self._extras[j])
-        return self.streamer.run(j, x, ids, weights, self._experts)
+            return self.branch.run_all(x, ids, weights, self.host.host(j), self._cpu_extras[j])
+        return self.streamer.run(j, x, ids, weights, self._experts, self._extras[j])
 
     def _experts(self, x, ids, weights, gate_up, down, **extras):
         """The experts op into a fresh f32[T,H] (GPU wrappers take a preallocated out)."""
@@ -159,15 +161,35 @@ class MoERuntime:
         slots[...] = ids                               # the caller's ids stay as they were
         self.res.step(j, slots, cpu_ids, self.policy)
         self.dev.record(self._planned)                 # the fills wait for the step, not for staging
-        job = self.branch.start(x, cpu_ids, weights, self.host.host(j)) if self.branch else None
+        job = self.branch.start(x, cpu_ids, weights, self.host.host(j), self._cpu_extras[j]) if self.branch else None
         out = None
         try:
             self._fill(j)
-            out = self._experts(x, slots, weights, *self.slots(j))
+            out = self._experts(x, slots, weights, *self.slots(j), **self._slot_extras(j, slots, ids))
         finally:
             if job is not None:                        # never leave a CPU job in flight
                 self.branch.finish(job, out)
         return out
+
+    def _slot_extras(self, j: int, slots, ids) -> dict:
+        """Layer j's op keywords for a call on the slot pool: its biases (rows by expert id) gathered
+        into rows by slot, so row slots[t, i] holds expert ids[t, i]'s (slot -1, on the CPU, writes
+        a spare last row). Device work only, on the compute stream: capture-safe."""
+        extras = self._extras[j]
+        if "bias" not in extras:
+            return extras
+        xp, S = self.dev.xp, self.slots(j)[0].shape[0]
+        rows = self._bias_rows(S, extras["bias"])
+        at, src = xp.where(slots >= 0, slots, S).ravel(), xp.maximum(ids, 0).ravel()
+        for dst, bias in zip(rows, extras["bias"]):
+            dst[at] = bias[src]
+        return {**extras, "bias": tuple(r[:S] for r in rows)}
+
+    def _bias_rows(self, S: int, bias) -> tuple:
+        key = ("bias", S) + tuple(b.shape[1] for b in bias)
+        if key not in self._scratch:
+            self._scratch[key] = tuple(self.dev.xp.zeros((S + 1, b.shape[1]), np.float32) for b in bias)
+        return self._scratch[key]
 
     def _fill(self, j: int) -> None:
         """The last step's fill plan, host pool -> slots, on the copy stream after the residency
@@ -269,7 +291,7 @@ def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, d
     with its quantized dots as cpu_dots says (kernels/qact.py). biases: per MoE layer (gate_up_bias
     f32[E,2I], down_bias f32[E,H]) of a model whose experts add them (gpt-oss), else None."""
     dev = dev if dev is not None else HostDevice()
-    extras = _op_extras(cfg, biases, plan.backend, dev)
+    extras, cpu_extras = _op_extras(cfg, biases, plan.backend, dev)
     host = host_pool_for(cfg, banks, plan, dev, log)
     if plan.backend in CACHED and dev.needs_pinning and not host.pinned:
         raise ConfigError(f"moe {plan.backend} needs a pinned host expert pool; plan again with the pinning "
@@ -281,25 +303,26 @@ def build_moe(cfg: ModelConfig, banks, plan: MoEPlan, experts_op, log=None, *, d
                   if plan.slots else where)
     moe = MoERuntime(plan.backend, host, dev, experts_op, cpu_op, policy=plan.policy, num_slots=plan.slots,
                      cpu_threads=plan.cpu_threads or 0, handoff=handoff, log=log,
-                     disable_overlap=plan.disable_prefill_overlap, extras=extras)
+                     disable_overlap=plan.disable_prefill_overlap, extras=extras, cpu_extras=cpu_extras)
     moe.prefill_decode_tokens = plan.prefill_decode_tokens
     return moe
 
 
-def _op_extras(cfg: ModelConfig, biases, backend: str, dev) -> list[dict] | None:
+def _op_extras(cfg: ModelConfig, biases, backend: str, dev) -> tuple[list[dict] | None, list[dict] | None]:
     """Per MoE layer, the experts op's keywords beyond the banks: the clamped SwiGLU's (alpha, limit)
-    and the layer's expert biases, indexed by expert id; so only backends that call the op on the
-    layer's own host bank take them (the expert cache's slots do not carry biases yet, and the
-    staged CPU branch of a discrete device passes no keywords)."""
+    and the layer's expert biases, indexed by expert id (a call on the expert cache's slots gets
+    them gathered by slot: MoERuntime._slot_extras). Two lists: the device op's (the biases as
+    given: on the device) and the CPU branch's (on a discrete device, host copies)."""
     if cfg.expert_bias and biases is None:
         raise ValueError("build_moe: this model's experts add biases; pass biases= (one pair per MoE layer)")
     if biases is None and cfg.glu is None:
-        return None
-    if backend in CACHED or not dev.host_memory:
-        raise ConfigError(f"moe {backend} on {dev.name}: gpt-oss's experts (biases, clamped SwiGLU) run from the "
-                          "host bank for now: --moe-backend cpu or fused, on the CPU")
+        return None, None
     glu = {} if cfg.glu is None else {"glu": cfg.glu}
-    return [{**glu, **({} if biases is None else {"bias": b})} for b in (biases or [None] * len(cfg.moe_layers))]
+    pairs = biases or [None] * len(cfg.moe_layers)
+    device = [{**glu, **({} if b is None else {"bias": b})} for b in pairs]
+    if dev.host_memory:
+        return device, device
+    return device, [{**glu, **({} if b is None else {"bias": tuple(dev.to_host(a) for a in b)})} for b in pairs]
 
 
 def _stored_as(banks: list[Bank]) -> str:

@@ -2,7 +2,7 @@
 float64 (transformers' eager gpt-oss attention: the sink's logit joins the softmax, its weight is
 dropped; key j visible to position p when p - W < j <= p); cpu against ref on the split decode
 path and the tiled prefill path, bf16 and f32 caches, contexts shorter and much longer than the
-window; without the keywords both give what they gave before; gpu refuses them."""
+window; without the keywords both give what they gave before (gpu: test_gpu_attention_sinks.py)."""
 import numpy as np
 import pytest
 
@@ -206,28 +206,3 @@ def test_cpu_follows_ref_on_non_finite_inputs_in_a_window(kind, prefill):
         bad[(seq == 0) & (pos >= 150) & (pos < 170), :4] = True  # kv group 0's heads
     np.testing.assert_array_equal(~np.isfinite(want).all(-1), bad)
     assert_follows_ref(want, got, rtol=1e-4, atol=2e-5)
-
-
-@pytest.mark.parametrize("kw", [{"sinks": np.zeros(2, np.float32)}, {"window": 8}])
-def test_gpu_refuses_sinks_and_windows(kw):
-    """No CUDA kernel takes them yet: the check fires before any device work (numpy in, no
-    device needed)."""
-    q = np.zeros((1, 2, 32), np.float32)
-    kv = np.zeros((4, 1, 32), np.float32)
-    one = np.zeros(1, np.int32)
-    with pytest.raises(NotImplementedError, match="no CUDA kernel yet"):
-        attention.gpu(q, kv, kv, np.zeros((1, 4), np.int32), one, one, 1.0, np.empty_like(q), **kw)
-
-
-@pytest.mark.gpu
-def test_the_cuda_ops_table_passes_the_keywords_to_the_refusal():
-    """backend._eager's wrapper hands sinks and window on by keyword (gpu's arity is unchanged)."""
-    from freetoken.backend import get_ops
-    ops = get_ops("cuda")
-    q = np.zeros((1, 2, 32), np.float32)
-    kv = np.zeros((4, 1, 32), np.float32)
-    one = np.zeros(1, np.int32)
-    for kw in ({"sinks": np.zeros(2, np.float32)}, {"window": 8}):
-        with pytest.raises(NotImplementedError, match="no CUDA kernel yet"):
-            ops.attention(q, kv, kv, np.zeros((1, 4), np.int32), one, one, 1.0, **kw)
-    assert ops.attention(q, kv, kv, np.zeros((1, 4), np.int32), one, one, 1.0).shape == q.shape

@@ -1,7 +1,7 @@
 """experts with per-expert biases and gpt-oss's clamped SwiGLU (bias=, glu=; kernels/experts_glu.py):
 ref against a float64 formula written from the definition (clamps active), cpu against ref on bf16,
 fp32, q8_0 and mxfp4 banks at decode and prefill sizes, roundings on and off, each keyword alone,
-the defaults unchanged, and gpu's refusal."""
+the defaults unchanged (gpu: test_gpu_experts_glu.py)."""
 import numpy as np
 import pytest
 
@@ -144,8 +144,7 @@ def test_defaults_unchanged_and_zero_bias_through_the_general_paths(T, kind):
         assert_close_but_for_rounding_flips(general, plain, "int8")
 
 
-def test_no_pairs_wrong_bias_shapes_and_gpu_refusal():
-    from freetoken.backend import _eager
+def test_no_pairs_and_wrong_bias_shapes():
     rng = np.random.default_rng(1)
     _, _, _, gate_up, down, bias = make_case(rng, "q8_0", 1)
     x = rng.standard_normal((2, H)).astype(np.float32)
@@ -156,7 +155,22 @@ def test_no_pairs_wrong_bias_shapes_and_gpu_refusal():
     ids, w = np.zeros((2, K), np.int32), np.ones((2, K), np.float32)
     with pytest.raises(ValueError, match="biases"):
         experts.cpu(x, ids, w, gate_up, down, bias=(bias[0][:, :I], bias[1]))
-    gpu = _eager("experts", experts.gpu, np)        # the cuda backend's wrapper passes the keywords on
-    for keys in ({"bias": bias}, {"glu": GLU}):
-        with pytest.raises(NotImplementedError, match="no CUDA kernel yet"):
-            gpu(x, ids, w, gate_up, down, **keys)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "mxfp4"])
+def test_many_tokens_with_int8_dots_take_the_tile_gemm(kind, monkeypatch):
+    """200 tokens x 4 over 8 experts with int8 dots: experts_glu.tile_gemm (the int8 tile GEMM's
+    passes, _glu between, down's bias as routing @ biases), here too where the CPU has no VNNI
+    (its widening fallback is exact, so fast_here is forced)."""
+    from freetoken.kernels import experts_glu, qgemm
+    monkeypatch.setattr(qgemm, "fast_here", lambda: True)
+    taken = []
+    real = experts_glu.tile_gemm
+    monkeypatch.setattr(experts_glu, "tile_gemm", lambda *a: taken.append(1) or real(*a))
+    x, ids, w, gate_up, down, bias = make_case(np.random.default_rng(9), kind, 200)
+    for keys in (dict(bias=bias, glu=GLU), dict(glu=SOFT), dict(bias=bias)):
+        want = experts.ref(x, ids, w, gate_up, down, dots="int8", **keys)
+        got = experts.cpu(x, ids, w, gate_up, down, dots="int8", **keys)
+        assert_close_but_for_rounding_flips(got, want, "int8")
+        np.testing.assert_array_equal(got[-1], 0.0)
+    assert len(taken) == 3

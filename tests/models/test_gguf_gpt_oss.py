@@ -27,7 +27,8 @@ def logits_of(variant: str, backend: str, **kw):
     return llm, exp, teacher_forced_logits(llm, np.concatenate([exp["prompt_ids"], exp["greedy_ids"][:-1]]))
 
 
-@pytest.mark.parametrize("backend,moe_backend", [("ref", "fused"), ("cpu", "cpu")])
+@pytest.mark.parametrize("backend,moe_backend", [("ref", "fused"), ("cpu", "cpu"),
+                                                 pytest.param("cuda", "fused", marks=pytest.mark.gpu)])
 def test_mxfp4_file_matches_transformers(backend, moe_backend):
     assert_fp32_parity(*logits_of("mxfp4", backend, moe_backend=moe_backend, cpu_dots="f32", kv_dtype="float32"))
 

@@ -26,20 +26,37 @@ def run(variant: str, backend: str, moe_backend: str = "fused", **kw):
     d = FIXTURE / variant
     exp = np.load(d / "expected.npz")
     llm = LLM(str(d), backend=backend, moe_backend=moe_backend, **kw)
+    assert (llm.core.plan.compute, llm.core.plan.moe.backend) == (backend, moe_backend)
     ids = np.concatenate([exp["prompt_ids"], exp["greedy_ids"][:-1]])
     return llm, exp, teacher_forced_logits(llm, ids)
 
 
+# the expert cache: 8 of the 32 experts' slots, the prompt through the cache too (prefill-decode 0
+# streams it through the slot pool instead), one sequence so that offload's 8 slots hold a step
+CACHE = dict(moe_cache_rate=0.25, moe_prefill_decode_tokens=0, max_running_requests=1)
+MOE = {"fused": {}, "cpu": {}, "offload": CACHE, "hybrid": dict(moe_fetch_fraction=0.3, **CACHE)}
+CUDA = [pytest.param("cuda", m, marks=pytest.mark.gpu, id=f"cuda-{m}") for m in MOE]
+
+
 @pytest.mark.parametrize("variant", ["fp32", "mxfp4"])
-@pytest.mark.parametrize("backend,moe_backend", [("ref", "fused"), ("cpu", "fused"), ("cpu", "cpu")])
+@pytest.mark.parametrize("backend,moe_backend", [("ref", "fused"), ("cpu", "fused"), ("cpu", "cpu"),
+                                                 ("cpu", "offload"), ("cpu", "hybrid"), *CUDA])
 def test_fp32_logits_and_greedy_tokens(variant, backend, moe_backend):
     """fp32, and the hub's layout (MXFP4 experts kept in their blocks, the rest fp32 here) against
     transformers' own MXFP4 reading: the blocks' values are exact, so the fp32 tolerance holds with
-    fp32 dots and an fp32 KV cache (the defaults for a quantized checkpoint round activations and KV)."""
-    assert_fp32_parity(*run(variant, backend, moe_backend, cpu_dots="f32", kv_dtype="float32"))
+    fp32 dots and an fp32 KV cache (the defaults for a quantized checkpoint round activations and KV).
+    cuda (a real GPU, or the emulated device): the attention kernels with sinks and windows; fused:
+    every expert on the GPU (MXFP4 in its blocks, cuda/experts_quant.cu) with its biases; cpu: the
+    staged CPU branch with host copies of the biases; offload and hybrid: the biases gathered by
+    slot for the cache's call (and by expert for hybrid's CPU pairs)."""
+    llm, exp, logits = run(variant, backend, moe_backend, cpu_dots="f32", kv_dtype="float32", **MOE[moe_backend])
+    assert_fp32_parity(llm, exp, logits)
+    if moe_backend in ("offload", "hybrid"):        # the cache really missed, and hybrid ran some on the CPU
+        total = llm.core.moe.stats()["total"]
+        assert total["misses"] > 0 and (total["cpu_execs"] > 0) == (moe_backend == "hybrid"), total
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("backend", ["ref", "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_bf16_logits_close(backend):
     _, exp, logits = run("bf16", backend)
     logits = logits[len(exp["prompt_ids"]) - 1:]
@@ -80,30 +97,20 @@ def test_the_config_reads_what_transformers_wrote():
     assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_scaling["factor"] == 32.0
 
 
-@pytest.mark.parametrize("flags,message", [
-    (dict(backend="cuda"), "--backend cuda: gpt-oss has no CUDA kernels yet"),
-    (dict(moe_backend="hybrid"), "--moe-backend hybrid"),
-    (dict(moe_backend="offload"), "--moe-backend offload"),
-])
-def test_what_gpt_oss_cannot_run_on_yet_is_refused_by_name(flags, message):
-    """No CUDA kernels for sinks, windows and biased experts, no biases in the expert cache: the
-    plan names the flag (with a GPU visible), before any device work."""
-    cfg = read_model_config(FIXTURE / "fp32")
-    with pytest.raises(ConfigError, match=message):
-        make_plan(cfg, EngineConfig(model=str(FIXTURE / "fp32"), **flags), GPU)
-
-
-def test_auto_takes_the_cpu_for_gpt_oss_with_a_gpu_and_says_why():
+def test_auto_takes_the_gpu_and_fused_when_every_expert_fits():
     cfg = read_model_config(FIXTURE / "fp32")
     plan = make_plan(cfg, EngineConfig(model=str(FIXTURE / "fp32")), GPU)
-    assert plan.compute == "cpu" and plan.moe.backend == "cpu"
-    compute = next(d for d in plan.decisions if d.name == "compute")
-    assert "gpt-oss has no CUDA kernels yet" in compute.why
+    assert plan.compute == "cuda" and plan.moe.backend == "fused"
 
 
-def test_the_cpu_backend_refuses_an_expert_cache_through_the_api():
-    with pytest.raises(ConfigError, match="--moe-backend hybrid"):
-        LLM(str(FIXTURE / "fp32"), backend="cpu", moe_backend="hybrid")
+def test_auto_takes_the_expert_cache_when_the_experts_do_not_fit():
+    """As for a Qwen model: gpt-oss-120b's ~60 GB of experts on a 24 GB GPU go through the cache."""
+    from dataclasses import replace
+    from freetoken.models.hf_config import model_config_from_dict
+    from freetoken.models.synth_gpt_oss import PRESETS
+    cfg = model_config_from_dict(PRESETS["gpt-oss-120b"].hf_config())
+    plan = make_plan(cfg, EngineConfig(model="synth:gpt-oss-120b"), replace(GPU, free_device_bytes=24 << 30))
+    assert plan.compute == "cuda" and plan.moe.backend in ("offload", "hybrid") and plan.moe.slots > 0, plan.decisions
 
 
 GPU = DeviceFacts(gpu_missing=None, gpu_name="a GPU", free_device_bytes=80 << 30)
