@@ -7,11 +7,16 @@ is KVALUES[code] (E2M1 doubled: integers) times 2**(e - 128), the "half" scale, 
 E2M1 times 2**(e - 127). Every value is exact in fp32 (a small integer times a power of two), so
 the dequantization is bit-exact whatever the order of operations; the dot accumulates in fp32.
 
-Shape legend: NB blocks per row, 32 values each.
+The hub's gpt-oss checkpoints store the same blocks another way (``_blocks`` u8[..., NB, 16] with
+value 2i in the low nibble of byte i and 2i + 1 in its high one, the exponents apart in ``_scales``
+u8[..., NB]): ``from_hub_blocks`` re-packs them into this format, exactly (the same codes, the same
+exponent).
+
+Shape legend: R rows, NB blocks per row, 32 values each.
 """
 import numpy as np
 
-from freetoken.kernels._numba import SERIAL, from_bits, njit
+from freetoken.kernels._numba import HOT, SERIAL, from_bits, njit, prange
 
 BLOCK, BYTES = 32, 17
 KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
@@ -55,3 +60,28 @@ def dot_mxfp4_row(row, xv):
             t += kv[q & 15] * xv[b, j] + kv[q >> 4] * xv[b, 16 + j]
         acc += t * half_scale(row[b, 0])
     return acc
+
+
+def from_hub_blocks(blocks, scales, row_order=None, out=None):
+    """u8[R, NB, 17] in this format from the hub's blocks u8[R, NB, 16] and exponents u8[R, NB]
+    (module doc); row_order int[R]: row r of the result is stored row row_order[r]."""
+    R, NB = scales.shape
+    assert blocks.shape == (R, NB, 16), (blocks.shape, scales.shape)
+    order = np.arange(R, dtype=np.int64) if row_order is None else np.asarray(row_order, np.int64)
+    out = np.empty((R, NB, BYTES), np.uint8) if out is None else out
+    _repack_rows(blocks, scales, order, out)
+    return out
+
+
+@njit(**HOT)
+def _repack_rows(blocks, scales, order, out):
+    """Value j (< 16) of a block: nibble j % 2 of stored byte j // 2; value j + 16: the same
+    nibble of byte 8 + j // 2; they share byte 1 + j here, low and high."""
+    for r in prange(out.shape[0]):
+        src = order[r]
+        for b in range(out.shape[1]):
+            out[r, b, 0] = scales[src, b]
+            for i in range(8):
+                lo, hi = blocks[src, b, i], blocks[src, b, 8 + i]
+                out[r, b, 1 + 2 * i] = (lo & 15) | ((hi & 15) << 4)
+                out[r, b, 2 + 2 * i] = (lo >> 4) | (hi & 240)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from freetoken.config import ModelConfig
+from freetoken.kernels.qmxfp4 import from_hub_blocks
 from freetoken.models.weights import ModelWeights, model_weights, read_stacked, read_tensor
 
 
@@ -103,10 +104,6 @@ def _mxfp4_bank(ck, name: str, shape: tuple[int, int, int], row_order=None) -> n
     blocks = ck.get(f"{name}_blocks", (E, R, C // 32, 16))
     scales = ck.get(f"{name}_scales", (E, R, C // 32))
     out = np.empty((E, R, C // 32, 17), np.uint8)
-    codes = np.empty((R, C // 32, 32), np.uint8)
     for e in range(E):
-        b = blocks[e] if row_order is None else blocks[e][row_order]
-        codes[..., 0::2], codes[..., 1::2] = b & 15, b >> 4
-        out[e, ..., 0] = scales[e] if row_order is None else scales[e][row_order]
-        out[e, ..., 1:] = codes[..., :16] | (codes[..., 16:] << 4)
+        from_hub_blocks(blocks[e], scales[e], row_order, out[e])
     return out

@@ -46,3 +46,18 @@ def test_mxfp4_experts_keep_the_stored_values_exactly_in_their_blocks():
         np.testing.assert_array_equal(dequantize_ref(w.gate_up[e]), np.concatenate([gate_up[e, 0::2], gate_up[e, 1::2]]))
         np.testing.assert_array_equal(dequantize_ref(w.down[e]), down[e])
     assert w.qkv.dtype == np.float32 and w.sinks.dtype == np.float32
+
+
+def test_the_hub_repack_is_exact_for_every_byte_and_exponent_and_keeps_the_row_order():
+    """kernels/qmxfp4.from_hub_blocks on every code pair in every byte and exponents 0..200 (e < 2:
+    subnormal scales; far above, float32 exp2 itself rounds), rows
+    reordered as the loader reorders gate_up's (gate rows first)."""
+    from freetoken.kernels.qmxfp4 import from_hub_blocks
+    rng = np.random.default_rng(0)
+    R, NB = 64, 5
+    blocks = rng.permutation(np.tile(np.arange(256, dtype=np.uint8), R * NB * 16 // 256)).reshape(R, NB, 16)
+    scales = (np.arange(R * NB) % 201).astype(np.uint8).reshape(R, NB)
+    order = np.concatenate([np.arange(0, R, 2), np.arange(1, R, 2)])
+    packed = from_hub_blocks(blocks, scales, order)
+    assert packed.shape == (R, NB, 17) and format_of(packed).name == "mxfp4"
+    np.testing.assert_array_equal(dequantize_ref(packed), _hub_mxfp4(blocks, scales)[order])
