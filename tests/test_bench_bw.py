@@ -8,6 +8,8 @@ import pytest
 from freetoken import backend
 from freetoken.cli import main
 from freetoken.commands.bench import expert_shape, synthetic_bank
+from freetoken.models.hf_config import model_config_from_dict
+from freetoken.models.synth import PRESETS
 from freetoken.moe.profile import NO_GPU, load_profile
 
 
@@ -50,6 +52,21 @@ def test_expert_shape_and_synthetic_bank():
     exponent = (gu >> 7) & 0xFF
     assert exponent.min() >= 119 and exponent.max() <= 122        # no denormals, no zeros
     assert synthetic_bank(tiny, 0)[0].shape[0] == 2 * tiny["top_k"]   # windows stay disjoint
+
+
+def test_a_quantized_checkpoints_experts_are_measured_in_their_format():
+    """gpt-oss as the hub ships it (a synth preset, the MXFP4 fixture directory) is mxfp4, the
+    fixture's dense variants their dtype; block FP8 is fp8_b128 where its rows are whole blocks."""
+    from freetoken.commands.bench import _stored_format
+    from freetoken.models.hf_config import read_model_config
+    fixtures = Path(__file__).parent / "fixtures" / "hf" / "gpt_oss"
+    assert expert_shape("synth:gpt-oss-20b,layers=2")["format"] == "mxfp4"
+    assert expert_shape(str(fixtures / "mxfp4"))["format"] == "mxfp4"
+    assert expert_shape(str(fixtures / "fp32"))["format"] == "f32"
+    assert expert_shape(str(fixtures / "bf16"))["format"] == "bf16"
+    big = model_config_from_dict(PRESETS["qwen3-30b-a3b"].hf_config())
+    assert _stored_format({"quant_method": "fp8"}, big) == "fp8_b128"
+    assert _stored_format({"quant_method": "fp8"}, read_model_config(fixtures / "fp32")) is None   # 64-wide rows
 
 
 @pytest.mark.gpu

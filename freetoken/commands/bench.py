@@ -12,11 +12,13 @@ without a GPU it measures B_H only, says so, and files the profile under "no-gpu
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 
@@ -60,12 +62,23 @@ def expert_shape(model: str | None) -> dict:
     if model and model.startswith("synth:"):
         from freetoken.models.synth import parse_spec
         _, shape, _ = parse_spec(model[len("synth:"):])
-        cfg = model_config_from_dict(shape.hf_config())
+        hf = shape.hf_config()
+        cfg = model_config_from_dict(hf)
     else:
-        cfg = read_model_config(resolve_model_dir(model, logger))
-    fmt = "bf16" if cfg.torch_dtype == "bfloat16" else "f32"
+        folder = resolve_model_dir(model, logger)
+        cfg, hf = read_model_config(folder), json.loads((Path(folder) / "config.json").read_text())
+    fmt = _stored_format(hf.get("quantization_config"), cfg) or ("bf16" if cfg.torch_dtype == "bfloat16" else "f32")
     return dict(label=model or "demo", hidden=cfg.hidden_size, width=cfg.moe_intermediate_size,
                 top_k=cfg.num_experts_per_tok, experts=cfg.num_experts * len(cfg.moe_layers), format=fmt)
+
+
+def _stored_format(quantization: dict | None, cfg) -> str | None:
+    """The experts' format as loaded from a quantized HF checkpoint's quantization_config (None: the
+    model dtype's): gpt-oss's MXFP4 blocks stay mxfp4 (models/gpt_oss_weights.py); block FP8 stays
+    fp8_b128 when both banks' rows are whole 128-value blocks, else it is widened (models/fp8_weights.py)."""
+    method = (quantization or {}).get("quant_method")
+    whole = cfg.hidden_size % 128 == 0 and cfg.moe_intermediate_size % 128 == 0
+    return "mxfp4" if method == "mxfp4" else "fp8_b128" if method == "fp8" and whole else None
 
 
 def _gguf_shape(path: str):
