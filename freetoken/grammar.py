@@ -82,6 +82,35 @@ def tool_call_grammar(tools: list[dict], parallel: bool = True, free_text: bool 
             "args: %json " + json.dumps(schema, separators=(",", ":")) + "\n")
 
 
+# harmony (gpt-oss): an optional analysis message before the one the grammar forces; the markers
+# are special tokens (by name), which the analysis text never matches, so it runs to <|end|>
+_HARMONY_THOUGHT = ('thought: <|channel|> "analysis" <|message|> THOUGHT <|end|> <|start|> "assistant"\n'
+                    "THOUGHT: /(.|\\n)*/\n")
+
+
+def harmony_tool_call_grammar(tools: list[dict]) -> str:
+    """Lark text for one harmony tool call, ``<|channel|>commentary to=functions.NAME
+    <|constrain|>json<|message|>`` and the arguments as JSON of the tool's parameters (the model's
+    stop token <|call|> then ends the reply: one call a turn, as harmony has it), after an optional
+    analysis message. ``tools`` as tool_call_grammar's (all of them, or the forced one)."""
+    rules = []
+    for i, t in enumerate(tools):
+        schema = dict(t["function"].get("parameters") or {"type": "object"})
+        schema["x-guidance"] = {**COMPACT, "lenient": True}
+        rules += [f'fn{i}: {json.dumps(t["function"]["name"])} " " <|constrain|> "json" <|message|> args{i}',
+                  f"args{i}: %json " + json.dumps(schema, separators=(",", ":"))]
+    names = " | ".join(f"fn{i}" for i in range(len(tools)))
+    return ("start: thought? call\n" + _HARMONY_THOUGHT + f'call: <|channel|> "commentary to=functions." ({names})\n'
+            + "\n".join(rules) + "\n")
+
+
+def harmony_final_grammar(schema: dict | None = None) -> str:
+    """Lark text for a harmony reply whose final message is one JSON value (json_grammar's), after
+    an optional analysis message: ``<|channel|>final<|message|>`` then the JSON."""
+    value = json_grammar(schema)[len("start: "):]
+    return "start: thought? final\n" + _HARMONY_THOUGHT + 'final: <|channel|> "final" <|message|> ' + value
+
+
 def xml_tool_call_grammar(tools: list[dict], parallel: bool = True, free_text: bool = False) -> str:
     """Lark text for Qwen3-Coder's XML tool-call form (also Qwen3.5's): ``<tool_call>\\n<function=NAME>\\n``,
     then each parameter as ``<parameter=KEY>\\nVALUE\\n</parameter>\\n`` in the order of the

@@ -126,8 +126,9 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # bias and glu arguments, biases gathered by slot for the cache's calls and host copies for the CPU
 # branch (the plan's gpt-oss refusals removed); -> 18,330 (2026-12-07): gpt-oss's prefill on the
 # int8 tile GEMM (experts_glu.tile_gemm), the hub's MXFP4 re-packed by a numba kernel, bench bw
-# reading a quantized checkpoint's expert format
-MAX_PACKAGE_LINES = 18_330
+# reading a quantized checkpoint's expert format; -> 18,345 (2026-12-07): harmony's grammars (a
+# forced tool call in gpt-oss's call form, a JSON format as its final message) in place of the 400
+MAX_PACKAGE_LINES = 18_345
 
 
 def _module_name(path: Path) -> str:

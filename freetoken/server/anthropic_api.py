@@ -14,7 +14,7 @@ from freetoken.server.errors import APIError, error_body
 from freetoken.server.generation import (Done, Generation, GenerationError, Ping, Reasoning, Text, ToolCall,
                                          Usage, cancel_on_disconnect, chat_spec)
 from freetoken.server.protocol import (Body, constrained, effort_kwargs, json_format_grammar, sampling, stop_strings,
-                                       template_kwargs, tool_choice_grammar)
+                                       speaks_harmony, template_kwargs, tool_choice_grammar)
 from freetoken.server.state import new_id
 
 # fields that mean something here; everything else a request carries is logged (DEBUG) and ignored,
@@ -125,7 +125,7 @@ def _grammar(body: Body, state, conv, fmt: tuple[dict | None, str]) -> tuple[str
     if conv.tools and conv.choice not in ("auto", "none"):
         logger.debug("/v1/messages: %s not enforced: tool_choice forces a tool call", where)
         return grammar, what, what
-    return json_format_grammar("json_schema", schema), f"{where} json_schema", where
+    return json_format_grammar("json_schema", schema, speaks_harmony(state)), f"{where} json_schema", where
 
 
 def _log_ignored(body: Body, route: str) -> None:

@@ -19,7 +19,7 @@ from freetoken.server.generation import (Done, GenerationError, Generation, Logp
 from freetoken.server.logprobs import TokenText, chat_logprobs
 from freetoken.server.messages import openai_conversation
 from freetoken.server.protocol import (Body, constrained, effort_kwargs, json_format_grammar, sampling, stop_strings,
-                                       template_kwargs, tool_choice_grammar)
+                                       speaks_harmony, template_kwargs, tool_choice_grammar)
 from freetoken.server.state import new_id
 
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -37,7 +37,7 @@ async def chat_completions(request: Request) -> Response:
     body = Body(await read_json(request, state.config.max_body_bytes))
     body.only(CHAT_FIELDS)
     _common(body, state)
-    grammar, what = _response_format(body)
+    grammar, what = _response_format(body, speaks_harmony(state))
     body.default_only("modalities", (["text"],), "other than [\"text\"] is not supported")
     body.bool("parallel_tool_calls", None)
     for key in ("audio", "prediction", "functions", "function_call", "web_search_options"):
@@ -114,7 +114,7 @@ def _common(body: Body, state) -> None:
     body.default_only("priority", (0,), fields.PRIORITY_REFUSED)
 
 
-def _response_format(body: Body) -> tuple[str | None, str]:
+def _response_format(body: Body, harmony: bool) -> tuple[str | None, str]:
     """(the grammar of `response_format`, or None for text; its description for errors)."""
     fmt = body.obj("response_format", None)
     if fmt is None:
@@ -132,7 +132,7 @@ def _response_format(body: Body) -> tuple[str | None, str]:
         schema = None if given is None else given.data
     else:
         fmt.only({"type"})
-    return json_format_grammar(kind, schema), f"response_format {kind}"
+    return json_format_grammar(kind, schema, harmony), f"response_format {kind}"
 
 
 def _stream_flags(body: Body) -> tuple[bool, bool]:

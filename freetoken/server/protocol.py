@@ -175,15 +175,21 @@ def constrained(params: SamplingParams, grammar: str | None, what: str, param: s
     return replace(params, grammar=grammar)
 
 
-def json_format_grammar(kind: str, schema: dict | None) -> str | None:
+def json_format_grammar(kind: str, schema: dict | None, harmony: bool = False) -> str | None:
     """The grammar of a structured-output format: text -> None, json_object -> any JSON object,
-    json_schema -> a JSON value matching the schema (none given: any JSON value)."""
-    from freetoken.grammar import json_grammar
+    json_schema -> a JSON value matching the schema (none given: any JSON value). harmony (gpt-oss):
+    the JSON is the final message's, after an optional analysis message."""
+    from freetoken.grammar import harmony_final_grammar, json_grammar
     if kind == "text":
         return None
-    if kind == "json_object":
-        return json_grammar(None)
-    return json_grammar(schema if schema is not None else {})
+    schema = None if kind == "json_object" else schema if schema is not None else {}
+    return harmony_final_grammar(schema) if harmony else json_grammar(schema)
+
+
+def speaks_harmony(state) -> bool:
+    """Whether the served model writes gpt-oss's harmony format (its output is parsed, and its
+    grammars are keyed to, harmony's markers)."""
+    return state.ready_engine().tokenizer.speaks_harmony
 
 
 def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
@@ -192,31 +198,24 @@ def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     named one), forced for `required` or a named tool (a 400 naming the missing dependency where
     llguidance is not installed, as for json_schema), and after free text for `auto` (a triggered
     grammar: a call the model opens is well-formed; off with --no-tool-call-grammar or
-    --tool-call-parser none, or where llguidance is missing). None for no tools and `none`."""
+    --tool-call-parser none, or where llguidance is missing). A harmony model (gpt-oss) is forced
+    into harmony's call form; its auto runs free. None for no tools and `none`."""
     if not conv.tools or conv.choice == "none":
         return None, "tool_choice"
-    if state.ready_engine().tokenizer.speaks_harmony:
-        return _harmony_tool_choice(conv.choice)
     from freetoken import grammar as g
     auto = conv.choice == "auto"
-    if auto and not (state.parse_tools() and state.config.tool_call_grammar and g.available()):
-        return None, "tool_choice"
+    if auto and (speaks_harmony(state) or not (state.parse_tools() and state.config.tool_call_grammar
+                                               and g.available())):
+        return None, "tool_choice"      # harmony's auto runs free: its calls are parsed (server/harmony.py)
     if not g.available():
         raise APIError(400, f"tool_choice {conv.choice!r} needs constrained decoding, which is not "
                             f"installed: {g.INSTALL_HINT}", param="tool_choice")
+    if speaks_harmony(state):          # one call a turn in harmony: parallel does not arise
+        return g.harmony_tool_call_grammar(conv.template_tools), "tool_choice"
     xml = "<function=" in (state.ready_engine().tokenizer.chat_template or "")     # Qwen3-Coder's form
     form = g.xml_tool_call_grammar if xml else g.tool_call_grammar
     grammar = form(conv.template_tools, parallel=parallel, free_text=auto)
     return (_auto_grammar(state, grammar) if auto else grammar), "tool_choice"
-
-
-def _harmony_tool_choice(choice) -> tuple[None, str]:
-    """gpt-oss (harmony): auto runs free (its calls are parsed, server/harmony.py); a forced choice
-    has no grammar keyed to harmony's markers yet, so it is refused rather than silently not forced."""
-    if choice != "auto":
-        raise APIError(400, f"tool_choice {choice!r} is not supported for this model yet (gpt-oss's harmony format: "
-                            "tool calls are parsed but not forced); use \"auto\"", param="tool_choice")
-    return None, "tool_choice"
 
 
 def _auto_grammar(state, grammar: str) -> str | None:

@@ -25,7 +25,7 @@ from freetoken.server.generation import Done, Generation, GenerationError, Ping,
 from freetoken.server.logprobs import TokenText
 from freetoken.server.messages import Conversation, check_tool_results
 from freetoken.server.protocol import (Body, constrained, effort_kwargs, json_format_grammar, sampling, template_kwargs,
-                                       tool_choice_grammar)
+                                       speaks_harmony, tool_choice_grammar)
 from freetoken.server.responses_items import (ResponseStore, function_tools, input_messages, items_messages,
                                               tool_choice, with_instructions)
 from freetoken.server.responses_output import Output, usage
@@ -104,7 +104,7 @@ def _plan(body: Body, state, store: ResponseStore, rid: str) -> _Plan:
     _check_fields(body)
     kwargs = template_kwargs(body)
     reasoning = _reasoning(body, kwargs)
-    text, note, warning, grammar = _text_format(body, rid)
+    text, note, warning, grammar = _text_format(body, rid, speaks_harmony(state))
     tools, tools_echo = function_tools(body, rid)
     choice = tool_choice(body, tools)
     history = _history(body, store)
@@ -179,7 +179,7 @@ def _reasoning(body: Body, kwargs: dict) -> dict:
     return {"effort": effort, "summary": summary}
 
 
-def _text_format(body: Body, rid: str) -> tuple[dict, str | None, str | None, str | None]:
+def _text_format(body: Body, rid: str, harmony: bool) -> tuple[dict, str | None, str | None, str | None]:
     """(the `text` to echo, a note for the instructions, a warning, the grammar to enforce).
 
     JSON formats are enforced by constrained decoding (freetoken/grammar.py) and the schema also
@@ -205,7 +205,7 @@ def _text_format(body: Body, rid: str) -> tuple[dict, str | None, str | None, st
                 f"else:\n{json.dumps(echo['schema'], ensure_ascii=False)}")
     text = {"format": echo, "verbosity": verbosity}
     if g.available():
-        return text, note, None, json_format_grammar(kind, echo.get("schema"))
+        return text, note, None, json_format_grammar(kind, echo.get("schema"), harmony)
     warning = (f"text.format {kind} is not enforced (constrained decoding is not installed: {g.INSTALL_HINT}); "
                "it was added to the instructions")
     logger.warning("%s: %s", rid, warning)

@@ -2,7 +2,8 @@
 "says" harmony text, on a tokenizer that has harmony's markers as special tokens and a template in
 the format (tests/fixtures/harmony/). analysis becomes reasoning, a message to functions.NAME a tool
 call, final the content: on the OpenAI chat route (whole and streamed), Responses and Anthropic.
-The request's reasoning effort reaches the template."""
+The request's reasoning effort reaches the template. Then the real engine on the gpt-oss fixture's
+weights with that vocabulary: forced tool choices and JSON formats held to harmony's form by grammars."""
 from __future__ import annotations
 
 import json
@@ -103,12 +104,6 @@ def test_reasoning_effort_reaches_the_template(oa, effort, rendered):
     assert f"Reasoning: {rendered}\n" in echoed.choices[0].message.content
 
 
-def test_forced_tool_choice_is_refused_by_name(oa):
-    with pytest.raises(openai.BadRequestError, match="tool_choice 'required' is not supported"):
-        oa.chat.completions.create(model=MODEL, tools=TOOLS, tool_choice="required",
-                                   messages=[{"role": "user", "content": "hi"}])
-
-
 def test_responses_reasoning_item_and_function_call(oa):
     r = oa.responses.create(model=MODEL, input=CALL, tools=[{"type": "function", "name": "read_file",
                                                           "parameters": TOOLS[0]["function"]["parameters"]}],
@@ -127,33 +122,113 @@ def test_anthropic_thinking_and_tool_use(server):
     assert msg.content[0].thinking == "Look first." and msg.content[1].input == {"path": "a.txt"}
 
 
-def test_the_engine_serves_a_gpt_oss_directory_that_speaks_harmony(harmony_dir, tmp_path):
+@pytest.fixture(scope="module")
+def gpt_oss_dir(harmony_dir, tmp_path_factory) -> Path:
+    """The gpt-oss fixture's weights with the harmony vocabulary and template, as a hub directory has them."""
+    d = tmp_path_factory.mktemp("gpt_oss_harmony")
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gpt_oss" / "fp32"
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(src / f, d / f)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(harmony_dir / f, d / f)
+    return d
+
+
+@pytest.fixture(scope="module")
+def engine_oa(gpt_oss_dir):
+    """The real engine serving that directory (random weights: the grammars decide the form)."""
+    from freetoken.config import EngineConfig
+    from freetoken.engine.core import EngineCore
+    server = ServerThread(lambda: EngineCore(EngineConfig(model=str(gpt_oss_dir), backend="cpu"))).start(wait_ready=False)
+    assert server.engine.wait_ready(300), server.engine.error      # a cold numba cache compiles the gpt-oss paths
+    yield openai.OpenAI(base_url=server.url + "/v1", api_key="x"), server
+    server.stop()
+
+
+# bounded arguments (a random model under a grammar must still reach the end) and no analysis
+# message first: "analysis"'s first token is banned, so the grammar's other branch is taken
+PICK = {"type": "object", "properties": {"path": {"enum": ["a.txt", "b.txt"]}}, "required": ["path"],
+        "additionalProperties": False}
+PICK_TOOLS = [{"type": "function", "function": {"name": name, "parameters": PICK}} for name in ("read_file", "delete_file")]
+
+
+def no_analysis(harmony_dir) -> dict:
+    tok = Tokenizer.from_dir(harmony_dir)
+    return {str(tok.encode("analysis")[0]): -100}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "delete_file"}}],
+                         ids=["required", "named"])
+def test_a_forced_tool_choice_makes_the_model_call_in_harmony(engine_oa, harmony_dir, choice):
+    """tool_choice required or named: harmony's call form is forced (commentary to=functions.NAME,
+    <|constrain|>json, the arguments' JSON), so even random weights answer with a well-formed
+    call, parsed back into tool_calls; a named choice calls that tool."""
+    client, _ = engine_oa
+    reply = client.chat.completions.create(model=MODEL, max_tokens=40, tools=PICK_TOOLS, tool_choice=choice,
+                                           logit_bias=no_analysis(harmony_dir),
+                                           messages=[{"role": "user", "content": "hi"}])
+    (call,) = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert json.loads(call.function.arguments)["path"] in ("a.txt", "b.txt")
+    assert call.function.name == ("delete_file" if isinstance(choice, dict) else call.function.name)
+    assert call.function.name in ("read_file", "delete_file")
+
+
+def test_the_forced_call_may_follow_an_analysis_message(engine_oa, harmony_dir):
+    """The grammar's other branch: "commentary"'s first token banned where "analysis" may start
+    instead, and <|end|> favoured, the model writes an (empty) analysis message, then the call the
+    grammar forces (where "commentary" is the only token it allows, banned or not)."""
+    client, _ = engine_oa
+    tok = Tokenizer.from_dir(harmony_dir)
+    bias = {str(tok.encode("commentary")[0]): -100, str(tok.token_to_id("<|end|>")): 100}
+    reply = client.chat.completions.create(model=MODEL, max_tokens=40, tools=PICK_TOOLS, tool_choice="required",
+                                           logit_bias=bias, messages=[{"role": "user", "content": "hi"}])
+    (call,) = reply.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments)["path"] in ("a.txt", "b.txt")
+    assert reply.usage.completion_tokens > 14          # the analysis header and its close came first
+
+
+def test_anthropic_tool_choice_any_is_a_tool_use_block(engine_oa):
+    _, server = engine_oa
+    client = anthropic.Anthropic(base_url=server.url, api_key="x")
+    msg = client.messages.create(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "hi"}],
+                                 tools=[{"name": t["function"]["name"], "input_schema": PICK} for t in PICK_TOOLS],
+                                 tool_choice={"type": "any"})
+    assert msg.stop_reason == "tool_use" and msg.content[-1].type == "tool_use", msg.content
+    assert msg.content[-1].input["path"] in ("a.txt", "b.txt")
+
+
+def test_a_json_format_is_the_final_message(engine_oa, harmony_dir):
+    """response_format json_schema (chat) and text.format (Responses): the JSON is harmony's final
+    message, so it is the content, whole, and no marker reaches the client."""
+    client, _ = engine_oa
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model=MODEL, max_tokens=30, logit_bias=no_analysis(harmony_dir), messages=[{"role": "user", "content": "hi"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    assert json.loads(reply.choices[0].message.content) in ({"ok": True}, {"ok": False})
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=30,
+                                text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
+    assert json.loads(r.output_text) in ({"ok": True}, {"ok": False})
+
+
+def test_the_engine_serves_a_gpt_oss_directory_that_speaks_harmony(engine_oa, harmony_dir, gpt_oss_dir):
     """The real engine on the gpt-oss fixture's weights with a harmony vocabulary and template (as
     a hub directory has them): a chat request with tools and an effort is answered. A logit bias
     makes the model write nothing but <|channel|> markers: they reach the parser (the detokenizer
     keeps them for this model) and none reaches the client."""
-    from freetoken.config import EngineConfig
-    from freetoken.engine.core import EngineCore
-    src = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gpt_oss" / "fp32"
-    for f in ("config.json", "model.safetensors"):
-        shutil.copy(src / f, tmp_path / f)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        shutil.copy(harmony_dir / f, tmp_path / f)
-    server = ServerThread(lambda: EngineCore(EngineConfig(model=str(tmp_path), backend="cpu"))).start()
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
-        channel = Tokenizer.from_dir(harmony_dir).token_to_id("<|channel|>")
-        reply = client.chat.completions.create(model=MODEL, max_tokens=8, tools=TOOLS, reasoning_effort="high",
-                                               logit_bias={str(channel): 100},
-                                               messages=[{"role": "user", "content": "hi"}])
-        choice = reply.choices[0]
-        assert choice.finish_reason == "length" and reply.usage.completion_tokens == 8
-        text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
-        assert not any(m in text for m in MARKERS) and not choice.message.tool_calls
-    finally:
-        server.stop()
+    client, _ = engine_oa
+    channel = Tokenizer.from_dir(harmony_dir).token_to_id("<|channel|>")
+    reply = client.chat.completions.create(model=MODEL, max_tokens=8, tools=TOOLS, reasoning_effort="high",
+                                           logit_bias={str(channel): 100},
+                                           messages=[{"role": "user", "content": "hi"}])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and reply.usage.completion_tokens == 8
+    text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
+    assert not any(m in text for m in MARKERS) and not choice.message.tool_calls
     from freetoken import LLM, SamplingParams          # what the parser got: the markers, kept in the text
-    llm = LLM(str(tmp_path), backend="cpu")
+    llm = LLM(str(gpt_oss_dir), backend="cpu")
     params = SamplingParams(max_tokens=4, logit_bias=((channel, 100.0),), skip_special_tokens=False)
     assert llm.generate([[5, 6]], params)[0].text == "<|channel|>" * 4
     assert llm.generate([[5, 6]], SamplingParams(max_tokens=4, logit_bias=((channel, 100.0),)))[0].text == ""
