@@ -1,6 +1,6 @@
 // attention.cu -- causal GQA attention over the token-slot KV pool; fp32 dot products and softmax.
 // Wrapper: freetoken/kernels/attention.py (gpu)   Spec: attention.ref
-// Test: tests/kernels/test_gpu_attention.py   Bench: bench/kernels/gpu_decode_kernels.py
+// Test: tests/kernels/test_gpu_attention.py, test_gpu_attention_sinks.py   Bench: bench/kernels/gpu_decode_kernels.py
 // Token t (sequence s = tok_seq[t], position p = tok_pos[t]) attends to slots slot_table[s, f..p];
 // head h reads kv group g = h / rep, rep = Hq/G. q, out f32[T,Hq,D]; caches [N,G,D] bf16 or f32.
 // gpt-oss: a sliding window W > 0 starts the keys at f = max(0, p - W + 1) (else f = 0); with

@@ -1,7 +1,7 @@
 // experts.cu -- routed SwiGLU experts over bf16 (or f32) banks, fp32 accumulation:
 //   out[t] = sum_j w[t,j] * down[e] @ (silu(g) * u),  g, u = split(gate_up[e] @ x[t]),  e = ids[t,j]
 // Wrapper: freetoken/kernels/experts.py (gpu)   Spec: experts.ref
-// Test: tests/kernels/test_gpu_experts.py   Bench: bench/kernels/gpu_decode_kernels.py
+// Test: tests/kernels/test_gpu_experts.py, test_gpu_experts_glu.py   Bench: bench/kernels/gpu_decode_kernels.py
 // Shapes: x f32[T,H], ids i32[T,k], w f32[T,k], gate_up [S,2I,H] (gate rows first), down [S,H,I],
 //   bf16 bits or f32 (quantized banks: experts_quant.cu, the same kernels). Bodies: experts_impl.cuh.
 // An id outside [0,S) (the hybrid backend's -1 = "runs on the CPU") is masked: its pair is skipped
@@ -9,7 +9,7 @@
 //
 // Decode (T small), two launches, pair p = t*k + j:
 //   experts_gate_up_*: grid (ceil(I/4), T*k), block 128; a warp per row i computes the gate and up
-//     rows' dots with x[t] and writes act[p,i] = silu(g)*u.
+//     rows' dots with x[t] and writes act[p,i] = silu(g)*u (or gpt-oss's: the comment at the end).
 //   experts_down_*:    grid (ceil(H/4), T), block 128; a warp per output row h sums
 //     w[t,j] * down[e_j][h] . act[p_j] over the k pairs and overwrites out[t,h].
 // Prefill, four launches, with no host round trip (so also capture-safe):

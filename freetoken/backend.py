@@ -111,6 +111,13 @@ _RESULTS = {
 }
 
 
+def _moved(v, xp, np):
+    """A keyword's host array on the device; a tuple's arrays too (experts' bias=), the rest as given."""
+    if isinstance(v, tuple):
+        return tuple(_moved(a, xp, np) for a in v)
+    return xp.asarray(v) if isinstance(v, np.ndarray) else v
+
+
 def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
     """gpu_fn with host arrays moved to the device and `out` allocated when not given. `out` may
     come by keyword or, as the gpu wrappers and the numpy ops take it, as the last positional."""
@@ -124,7 +131,7 @@ def _eager(op: str, gpu_fn: Callable, xp) -> Callable:
         if result is not None and len(args) == arity:
             args, out = args[:-1], args[-1]
         args = tuple(xp.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
-        kw = {k: xp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+        kw = {k: _moved(v, xp, np) for k, v in kw.items()}
         if result is None:                      # kv_write: the caches are the outputs
             return gpu_fn(*args, **kw)
         return gpu_fn(*args, out if out is not None else result(xp, *args), **kw)

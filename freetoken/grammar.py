@@ -92,11 +92,12 @@ def harmony_tool_call_grammar(tools: list[dict]) -> str:
     """Lark text for one harmony tool call, ``<|channel|>commentary to=functions.NAME
     <|constrain|>json<|message|>`` and the arguments as JSON of the tool's parameters (the model's
     stop token <|call|> then ends the reply: one call a turn, as harmony has it), after an optional
-    analysis message. ``tools`` as tool_call_grammar's (all of them, or the forced one)."""
+    analysis message. ``tools`` as tool_call_grammar's (all of them, or the forced one). The
+    arguments are compact JSON (no spaces), as harmony's own examples write them."""
     rules = []
     for i, t in enumerate(tools):
         schema = dict(t["function"].get("parameters") or {"type": "object"})
-        schema["x-guidance"] = {**COMPACT, "lenient": True}
+        schema["x-guidance"] = {**COMPACT, "item_separator": ",", "key_separator": ":", "lenient": True}
         rules += [f'fn{i}: {json.dumps(t["function"]["name"])} " " <|constrain|> "json" <|message|> args{i}',
                   f"args{i}: %json " + json.dumps(schema, separators=(",", ":"))]
     names = " | ".join(f"fn{i}" for i in range(len(tools)))

@@ -103,10 +103,11 @@ def test_a_quantized_format_has_its_own_entry(no_gpu, capsys):
 
 
 @pytest.mark.gpu
-def test_device_run_of_a_quantized_format(tmp_path):
-    """B_P of quantized slots: the fill kernel's u8 copy moves the blocks as stored."""
+@pytest.mark.parametrize("fmt,block_bytes", [("q8_0", 34), ("mxfp4", 17)])
+def test_device_run_of_a_quantized_format(tmp_path, fmt, block_bytes):
+    """B_P of quantized slots: the fill kernel's u8 copy moves the blocks as stored (mxfp4: gpt-oss's)."""
     out = tmp_path / "bw.json"
-    assert main(["bench", "bw", "--model", "synth:tiny", "--format", "q8_0", "--bank-mib", "1", "--iters", "4",
+    assert main(["bench", "bw", "--model", "synth:tiny", "--format", fmt, "--bank-mib", "1", "--iters", "4",
                  "--seconds", "0.2", "--out", str(out)]) == 0
     (gpu,) = json.loads(out.read_text())["profiles"].values()
-    assert gpu["q8_0"]["b_p_gbs"] > 0 and gpu["q8_0"]["expert_bytes"] == 3 * 64 * 32 // 32 * 34
+    assert gpu[fmt]["b_p_gbs"] > 0 and gpu[fmt]["expert_bytes"] == 3 * 64 * 32 // 32 * block_bytes

@@ -5,7 +5,7 @@ Token t of sequence s = tok_seq[t] at position p = tok_pos[t] attends to the cac
 slot_table[s, 0..p] (inclusive); query head h reads kv group h // (Hq // G). One layout covers
 prefill, chunked prefill over a cached prefix, decode, and batches of sequences mixed in a step.
 
-Keywords (ref, cpu; gpt-oss): ``window`` W > 0 is a sliding window, position p reading only
+Keywords (gpt-oss): ``window`` W > 0 is a sliding window, position p reading only
 slot_table[s, max(0, p-W+1)..p] (W positions; 0: the whole prefix). ``sinks`` f32[Hq], one finite
 learned logit a head: it joins the softmax's denominator as exp(sinks[h] - m), m the max over the
 scores and the sink, and its own weight is dropped (the weights sum to < 1; transformers' eager

@@ -174,7 +174,8 @@ class MoERuntime:
     def _slot_extras(self, j: int, slots, ids) -> dict:
         """Layer j's op keywords for a call on the slot pool: its biases (rows by expert id) gathered
         into rows by slot, so row slots[t, i] holds expert ids[t, i]'s (slot -1, on the CPU, writes
-        a spare last row). Device work only, on the compute stream: capture-safe."""
+        a spare last row). Device work only, on the compute stream (it allocates temporaries: the
+        cached backends' decode is not captured in CUDA graphs)."""
         extras = self._extras[j]
         if "bias" not in extras:
             return extras

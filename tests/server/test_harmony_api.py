@@ -164,8 +164,8 @@ def test_a_forced_tool_choice_makes_the_model_call_in_harmony(engine_oa, harmony
     <|constrain|>json, the arguments' JSON), so even random weights answer with a well-formed
     call, parsed back into tool_calls; a named choice calls that tool."""
     client, _ = engine_oa
-    reply = client.chat.completions.create(model=MODEL, max_tokens=40, tools=PICK_TOOLS, tool_choice=choice,
-                                           logit_bias=no_analysis(harmony_dir),
+    reply = client.chat.completions.create(model=MODEL, max_tokens=64, tools=PICK_TOOLS, tool_choice=choice,
+                                           logit_bias=no_analysis(harmony_dir), temperature=0,
                                            messages=[{"role": "user", "content": "hi"}])
     (call,) = reply.choices[0].message.tool_calls
     assert reply.choices[0].finish_reason == "tool_calls"
@@ -174,18 +174,23 @@ def test_a_forced_tool_choice_makes_the_model_call_in_harmony(engine_oa, harmony
     assert call.function.name in ("read_file", "delete_file")
 
 
-def test_the_forced_call_may_follow_an_analysis_message(engine_oa, harmony_dir):
-    """The grammar's other branch: "commentary"'s first token banned where "analysis" may start
-    instead, and <|end|> favoured, the model writes an (empty) analysis message, then the call the
-    grammar forces (where "commentary" is the only token it allows, banned or not)."""
-    client, _ = engine_oa
-    tok = Tokenizer.from_dir(harmony_dir)
-    bias = {str(tok.encode("commentary")[0]): -100, str(tok.token_to_id("<|end|>")): 100}
-    reply = client.chat.completions.create(model=MODEL, max_tokens=40, tools=PICK_TOOLS, tool_choice="required",
-                                           logit_bias=bias, messages=[{"role": "user", "content": "hi"}])
-    (call,) = reply.choices[0].message.tool_calls
-    assert json.loads(call.function.arguments)["path"] in ("a.txt", "b.txt")
-    assert reply.usage.completion_tokens > 14          # the analysis header and its close came first
+def test_the_forced_call_may_follow_an_analysis_message(gpt_oss_dir, harmony_dir):
+    """The grammar's other branch, read off what the model wrote: "commentary"'s first token banned
+    where "analysis" may start instead, and <|end|> favoured, the model writes an (empty) analysis
+    message, then the call the grammar forces (where "commentary" is the only token it allows,
+    banned or not); the call's arguments are compact JSON."""
+    from freetoken import LLM, SamplingParams
+    from freetoken.grammar import harmony_tool_call_grammar
+    llm = LLM(str(gpt_oss_dir), backend="cpu")
+    tok = llm.core.tokenizer
+    bias = ((tok.encode("commentary")[0], -100.0), (tok.token_to_id("<|end|>"), 100.0))
+    params = SamplingParams(max_tokens=64, temperature=0, logit_bias=bias, skip_special_tokens=False,
+                            grammar=harmony_tool_call_grammar(PICK_TOOLS))
+    text = llm.generate([tok.encode("hi")], params)[0].text
+    head = "<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>commentary to=functions."
+    assert text.startswith(head), text
+    name, _, rest = text[len(head):].partition(" <|constrain|>json<|message|>")
+    assert name in ("read_file", "delete_file") and rest in ('{"path":"a.txt"}', '{"path":"b.txt"}'), text
 
 
 def test_anthropic_tool_choice_any_is_a_tool_use_block(engine_oa):
@@ -193,7 +198,7 @@ def test_anthropic_tool_choice_any_is_a_tool_use_block(engine_oa):
     client = anthropic.Anthropic(base_url=server.url, api_key="x")
     msg = client.messages.create(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "hi"}],
                                  tools=[{"name": t["function"]["name"], "input_schema": PICK} for t in PICK_TOOLS],
-                                 tool_choice={"type": "any"})
+                                 tool_choice={"type": "any"}, extra_body={"temperature": 0})
     assert msg.stop_reason == "tool_use" and msg.content[-1].type == "tool_use", msg.content
     assert msg.content[-1].input["path"] in ("a.txt", "b.txt")
 
@@ -206,9 +211,10 @@ def test_a_json_format_is_the_final_message(engine_oa, harmony_dir):
               "additionalProperties": False}
     reply = client.chat.completions.create(
         model=MODEL, max_tokens=30, logit_bias=no_analysis(harmony_dir), messages=[{"role": "user", "content": "hi"}],
+        temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
     assert json.loads(reply.choices[0].message.content) in ({"ok": True}, {"ok": False})
-    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=30,
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=30, temperature=0,
                                 text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
     assert json.loads(r.output_text) in ({"ok": True}, {"ok": False})
 
