@@ -84,71 +84,71 @@ extern "C" __global__ void experts_combine_f32(const int* ids, const float* weig
 extern "C" __global__ void experts_gate_up_bf16(const float* x, const int* ids,
                                                 const unsigned short* gate_up, float* act,
                                                 int k, int H, int I, int S,
-    const float* gu_bias, float alpha, float limit, int use_bias, int clamped) {
+                                                const float* gu_bias, float alpha, float limit,
+                                                int use_bias, int clamped) {
   gate_up_impl(x, ids, gate_up, (size_t)2 * I * H, act, k, H, I, S,
-      Glu{gu_bias, alpha, limit, use_bias, clamped});
+               Glu{gu_bias, alpha, limit, use_bias, clamped});
 }
 
 extern "C" __global__ void experts_gate_up_f32(const float* x, const int* ids,
                                                const float* gate_up, float* act,
                                                int k, int H, int I, int S,
-    const float* gu_bias, float alpha, float limit, int use_bias, int clamped) {
+                                               const float* gu_bias, float alpha, float limit,
+                                               int use_bias, int clamped) {
   gate_up_impl(x, ids, gate_up, (size_t)2 * I * H, act, k, H, I, S,
-      Glu{gu_bias, alpha, limit, use_bias, clamped});
+               Glu{gu_bias, alpha, limit, use_bias, clamped});
 }
 
 extern "C" __global__ void experts_down_bf16(const int* ids, const float* weights,
                                              const unsigned short* down, const float* act,
                                              float* out, int k, int H, int I, int S,
-    const float* dn_bias, int use_bias) {
+                                             const float* dn_bias, int use_bias) {
   down_impl(ids, weights, down, (size_t)H * I, act, out, k, H, I, S,
-      Glu{dn_bias, 0.f, 0.f, use_bias, 0});
+            Glu{dn_bias, 0.f, 0.f, use_bias, 0});
 }
 
 extern "C" __global__ void experts_down_f32(const int* ids, const float* weights,
                                             const float* down, const float* act,
                                             float* out, int k, int H, int I, int S,
-    const float* dn_bias, int use_bias) {
+                                            const float* dn_bias, int use_bias) {
   down_impl(ids, weights, down, (size_t)H * I, act, out, k, H, I, S,
-      Glu{dn_bias, 0.f, 0.f, use_bias, 0});
+            Glu{dn_bias, 0.f, 0.f, use_bias, 0});
 }
 
 extern "C" __global__ void experts_gemm_gate_up_bf16(
     const float* x, const unsigned short* gate_up, const int* perm, const int* offs,
     const int* tile_expert, const int* tile_row, const int* n_tiles, float* act,
-    int k, int H, int I,
-    const float* gu_bias, float alpha, float limit, int use_bias, int clamped) {
+    int k, int H, int I, const float* gu_bias, float alpha, float limit, int use_bias,
+    int clamped) {
   gemm_tiles<true>(x, gate_up, (size_t)2 * I * H, (size_t)I * H, perm, offs, tile_expert,
                    tile_row, n_tiles, act, k, H, I,
-      Glu{gu_bias, alpha, limit, use_bias, clamped});
+                   Glu{gu_bias, alpha, limit, use_bias, clamped});
 }
 
 extern "C" __global__ void experts_gemm_gate_up_f32(
     const float* x, const float* gate_up, const int* perm, const int* offs,
     const int* tile_expert, const int* tile_row, const int* n_tiles, float* act,
-    int k, int H, int I,
-    const float* gu_bias, float alpha, float limit, int use_bias, int clamped) {
+    int k, int H, int I, const float* gu_bias, float alpha, float limit, int use_bias,
+    int clamped) {
   gemm_tiles<true>(x, gate_up, (size_t)2 * I * H, (size_t)I * H, perm, offs, tile_expert,
                    tile_row, n_tiles, act, k, H, I,
-      Glu{gu_bias, alpha, limit, use_bias, clamped});
+                   Glu{gu_bias, alpha, limit, use_bias, clamped});
 }
 
 extern "C" __global__ void experts_gemm_down_bf16(
     const float* act, const unsigned short* down, const int* perm, const int* offs,
     const int* tile_expert, const int* tile_row, const int* n_tiles, float* y,
-    int H, int I,
-    const float* dn_bias, int use_bias) {
+    int H, int I, const float* dn_bias, int use_bias) {
   gemm_tiles<false>(act, down, (size_t)H * I, 0, perm, offs, tile_expert, tile_row, n_tiles,
                     y, 1, I, H,
-      Glu{dn_bias, 0.f, 0.f, use_bias, 0});
+                    Glu{dn_bias, 0.f, 0.f, use_bias, 0});
 }
 
 extern "C" __global__ void experts_gemm_down_f32(
     const float* act, const float* down, const int* perm, const int* offs,
     const int* tile_expert, const int* tile_row, const int* n_tiles, float* y,
-    int H, int I,
-    const float* dn_bias, int use_bias) {
+    int H, int I, const float* dn_bias, int use_bias) {
   gemm_tiles<false>(act, down, (size_t)H * I, 0, perm, offs, tile_expert, tile_row, n_tiles,
                     y, 1, I, H,
-      Glu{dn_bias, 0.f, 0.f, use_bias, 0});
+                    Glu{dn_bias, 0.f, 0.f, use_bias, 0});
 }

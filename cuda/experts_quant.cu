@@ -13,15 +13,15 @@
 
 extern "C" __global__ void experts_gate_up_q(const float* x, const int* ids, const u8* gate_up,
                                              long long gu_stride, float* act, int k, int H, int I,
-                                             int S, const float* gu_bias, float alpha, float limit, int use_bias, int clamped) {
+                                             int S, const float* gu_bias, float alpha, float limit,
+                                             int use_bias, int clamped) {
   gate_up_impl(x, ids, QPtr<QFMT>{gate_up}, (size_t)gu_stride, act, k, H, I, S,
                Glu{gu_bias, alpha, limit, use_bias, clamped});
 }
 
 extern "C" __global__ void experts_down_q(const int* ids, const float* weights, const u8* down,
                                           long long dn_stride, const float* act, float* out, int k,
-                                          int H, int I, int S,
-    const float* dn_bias, int use_bias) {
+                                          int H, int I, int S, const float* dn_bias, int use_bias) {
   down_impl(ids, weights, QPtr<QFMT>{down}, (size_t)dn_stride, act, out, k, H, I, S,
             Glu{dn_bias, 0.f, 0.f, use_bias, 0});
 }
@@ -29,8 +29,7 @@ extern "C" __global__ void experts_down_q(const int* ids, const float* weights, 
 extern "C" __global__ void experts_gemm_gate_up_q(
     const float* x, const u8* gate_up, long long gu_stride, const int* perm, const int* offs,
     const int* tile_expert, const int* tile_row, const int* n_tiles, float* act, int k, int H,
-    int I,
-    const float* gu_bias, float alpha, float limit, int use_bias, int clamped) {
+    int I, const float* gu_bias, float alpha, float limit, int use_bias, int clamped) {
   gemm_tiles<true>(x, QPtr<QFMT>{gate_up}, (size_t)gu_stride, (size_t)I * q_row_bytes<QFMT>(H),
                    perm, offs, tile_expert, tile_row, n_tiles, act, k, H, I,
                    Glu{gu_bias, alpha, limit, use_bias, clamped});

@@ -85,7 +85,7 @@ def _conversation(body: Body, state, route: str):
     if body.has("output_config"):
         config = body.obj("output_config")
         effort = config.data.get("effort")
-        if isinstance(effort, str) and state.ready_engine().tokenizer.speaks_harmony:
+        if isinstance(effort, str) and speaks_harmony(state):
             effort_kwargs(kwargs, effort)         # gpt-oss's template reads it as reasoning_effort
         elif config.has("effort"):
             logger.debug("%s: output_config.effort %r ignored (no effort control)", route, effort)
