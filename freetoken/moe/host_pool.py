@@ -13,6 +13,8 @@ Shape legend: L MoE layers, E experts, H hidden, I expert width.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from freetoken.log import Log
@@ -34,7 +36,12 @@ class HostPool:
     def __init__(self, banks: list[Bank], pinned: bool, handles=()):
         self.banks = list(banks)
         self.pinned = pinned
-        self._handles = list(handles)      # ("registered", ptr) or ("allocated", PinnedMemory)
+        handles = list(handles)            # ("registered", ptr) or ("allocated", PinnedMemory)
+        # A pool dropped without close() (an engine garbage-collected) unpins too, before its banks
+        # go: a registration outliving its memory makes the driver refuse the next range that
+        # malloc places over it (cudaErrorHostMemoryAlreadyRegistered).
+        self._unpin = weakref.finalize(self, _release, handles)
+        self._unpin.atexit = False         # at exit the context goes, and its registrations with it
         self._views: dict[int, tuple] = {}
 
     @classmethod
@@ -64,8 +71,7 @@ class HostPool:
 
     def close(self) -> None:
         """Unpin (idempotent); the banks stay readable as pageable memory."""
-        _release(self._handles)
-        self._handles = []
+        self._unpin()
         self._views.clear()
         self.pinned = False
 
