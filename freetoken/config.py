@@ -73,8 +73,20 @@ class ModelConfig:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """Decoder-layer index of each full-attention layer; the KV pool numbers them in order."""
-        return tuple(i for i in range(self.num_layers) if not self.is_linear_layer(i))
+        """Decoder-layer index of each full-attention layer; the KV pool numbers them in order (a
+        sliding layer's KV is per-request state: engine/window_pool.py)."""
+        return tuple(i for i in range(self.num_layers) if not self.is_linear_layer(i) and not self.window(i))
+
+    @property
+    def sliding_kv(self) -> bool:
+        """Sliding-window layers whose last W positions are kept per request (engine/window_pool.py)."""
+        return self.sliding_window > 0 and bool(self.sliding_layers)
+
+    @property
+    def keeps_request_state(self) -> bool:
+        """A request carries state beside the KV pool's (GDN states, sliding windows): one state row
+        a running request, and a cached prefix is resumed only at a state checkpoint."""
+        return self.has_gdn or self.sliding_kv
 
     @property
     def rotary_dim(self) -> int:
@@ -147,14 +159,14 @@ class EngineConfig:
     chunked_prefill_size: int = _flag(8192, "most prompt tokens computed in one forward")
     enable_prefix_cache: bool = _flag(True, "reuse the KV of cached prompt prefixes (radix tree)")
     state_checkpoint_mb: int | None = _flag(
-        None, "GDN models: host memory for recurrent-state checkpoints in MiB, which let a cached prefix be "
+        None, "GDN and sliding-window models: host memory for state checkpoints in MiB, which let a cached prefix be "
         "reused (auto: 32 per running request, at most 1/8 of the available memory; 0: none)", kind=int)
     state_checkpoint_gpu_mb: int | None = _flag(
-        None, "GDN models on a GPU: device memory for the newest state checkpoints in MiB (auto: what the "
+        None, "GDN and sliding-window models on a GPU: device memory for the newest state checkpoints in MiB (auto: what the "
         "memory plan leaves after the expert cache; 0: none)", kind=int)
-    semantic_anchors: bool = _flag(True, "GDN models: checkpoint the recurrent state at turn ends, </think>, "
-                                   "tool-call openers and tool results (--no-semantic-anchors: only the interval)")
-    state_checkpoint_interval: int = _flag(4096, "GDN models: also checkpoint every N prompt tokens "
+    semantic_anchors: bool = _flag(True, "GDN and sliding-window models: checkpoint the state at turn ends, "
+                                   "</think>, tool-call openers and tool results (--no-semantic-anchors: only the interval)")
+    state_checkpoint_interval: int = _flag(4096, "GDN and sliding-window models: also checkpoint every N prompt tokens "
                                            "(0: only at anchors)")
     moe_backend: str = _flag("auto", "how routed experts run: fused (all on the GPU), offload (a GPU expert "
                              "cache, misses fetched), hybrid (a GPU expert cache, misses split between "

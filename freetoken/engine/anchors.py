@@ -1,13 +1,14 @@
 """Semantic anchors: the token positions where agent harnesses edit their context, so a state
 checkpoint taken there survives the edit. Found from the chat template's own markers, tokenized
-by the model's tokenizer (no hard-coded ids): after each end of turn, after each `</think>`,
+by the model's tokenizer (no hard-coded ids): after each end of turn (or of a harmony message), after each `</think>`,
 before each tool-call opener and after each tool result. A marker that tokenizes to several
 tokens is matched as a sequence. Plus a fixed interval for prompts with no anchors.
 """
 from __future__ import annotations
 
 # (marker text, where the anchor sits) for every marker a Qwen-style template may use
-AFTER = ("<|im_end|>", "</think>", "</tool_response>")
+AFTER = ("<|im_end|>", "</think>", "</tool_response>",
+         "<|end|>", "<|call|>")   # harmony's (gpt-oss): a message's end, a tool call's end
 BEFORE = ("<tool_call>",)
 # a user message opens with USER_TURN; a tool result is a user message that starts with TOOL_RESULT
 USER_TURN, TOOL_RESULT = "<|im_start|>user", "<tool_response>"

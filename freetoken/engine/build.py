@@ -1,8 +1,8 @@
 """What EngineCore builds from a loaded model and its plan (engine/plan.py): device weights, the KV
-pool, a GDN model's recurrent-state pool and checkpoint pool, the prefix cache, the Scheduler's
-recurrent-state seam, and the model object (through the architecture registry). Builds; never decides,
-but for one thing the CPU itself settles: whether the cpu backend's q4_0 matrices are interleaved
-(``interleaved_q4_0``, logged).
+pool, the per-request state pool (GDN states, sliding windows' rings) and checkpoint pool, the
+prefix cache, the Scheduler's recurrent-state seam, and the model object (through the
+architecture registry). Builds; never decides, but for one thing the CPU itself settles: whether
+the cpu backend's q4_0 matrices are interleaved (``interleaved_q4_0``, logged).
 
 Shape legend: La full-attention layers (all layers of a Qwen3-MoE), G kv heads, D head dim.
 """
@@ -103,20 +103,36 @@ def placed(lw, dev):
 
 
 def make_kv_pool(cfg, plan, xp) -> KVPool:
-    """One KV array per full-attention layer (GDN layers keep no KV), of the plan's size and dtype."""
+    """One KV array per full-attention layer (GDN layers keep no KV, sliding layers keep theirs per
+    request: engine/window_pool.py), of the plan's size and dtype."""
     dtype = np.float32 if plan.kv_dtype == "float32" else np.uint16
     return KVPool(len(cfg.attention_layers), plan.kv_tokens, cfg.num_kv_heads, cfg.head_dim, dtype, xp)
 
 
-def make_states(cfg, plan, xp):
-    """A GDN model's recurrent-state pool (one row per running request), or None."""
+def make_states(cfg, plan, xp, chunk: int):
+    """The per-request state pool (one row per running request): a GDN model's recurrent states, a
+    sliding-window model's rings of its sliding layers' KV (``chunk``: the prefill chunk, which
+    sizes the ring); None for a model without."""
     if not plan.state_rows:
         return None
+    if cfg.sliding_kv:
+        return _window_pool(cfg, plan, xp, chunk)
     from freetoken.engine.state_pool import StatePool
     states = StatePool.for_model(cfg, plan.state_rows, xp)
     logger.info("recurrent-state pool: %d rows x %d GDN layers (%.1f MiB a request, %.1f MiB in all, fp32)",
                 plan.state_rows, len(cfg.linear_layers), StatePool.bytes_per_row(cfg) / 2**20, states.bytes / 2**20)
     return states
+
+
+def _window_pool(cfg, plan, xp, chunk: int):
+    from freetoken.engine.window_pool import WindowPool
+    dtype = np.float32 if plan.kv_dtype == "float32" else np.uint16
+    pool = WindowPool.for_model(cfg, plan.state_rows, chunk, dtype, plan.context_len, xp)
+    logger.info("sliding-window KV: %d rows x %d sliding layers, a ring of %d positions each (window %d + "
+                "pieces of %d; %.1f MiB a request, %.1f MiB in all); the %d full layers keep theirs in the KV pool",
+                plan.state_rows, len(cfg.sliding_layers), pool.ring, pool.window, pool.piece,
+                pool.bytes / plan.state_rows / 2**20, pool.bytes / 2**20, len(cfg.attention_layers))
+    return pool
 
 
 def make_model(cfg, weights, ops, moe, kv, states):

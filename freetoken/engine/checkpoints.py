@@ -12,9 +12,12 @@ ever points at freed memory and no checkpoint outlives its KV.
 
 A checkpoint is allocated blank and filled layer by layer through its sink while the forward that
 reaches its position runs (models/state_cuts.py), or all at once from a state row (``take``).
+What it holds is the state pool's to say (its ``checkpoint_parts``, ``read``, ``capture``,
+``write``): a GDN model's conv and delta-rule states (engine/state_pool.py), or a sliding-window
+model's last W positions of KV (engine/window_pool.py); this pool only moves named arrays.
 Until linked it is pending: its request holds it, and it counts against the device budget (its
 memory is held) but not the host one.
-Shape legend: Lg GDN layers, K conv kernel, C conv channels, Hv value heads, Dk / Dv.
+Shape legend: the state pools' (a checkpoint's parts are one state row's).
 """
 from __future__ import annotations
 
@@ -30,15 +33,14 @@ KEEP_SHARE = 0.25   # of the host budget: kept checkpoints beyond it are evicted
 @dataclass(eq=False)
 class Checkpoint:
     position: int                # tokens consumed when it was taken
-    conv: object                 # f32[Lg, K-1, C] on its tier
-    rule: object                 # f32[Lg, Hv, Dk, Dv] on its tier
+    parts: dict                  # name -> array on its tier, as the state pool's checkpoint_parts
     tier: str = HOST
     node: object = None          # the radix node it is linked to (None while pending)
     keep: bool = False           # the end of a prompt that ends a user query: evicted last
 
     @property
     def nbytes(self) -> int:
-        return int(self.conv.nbytes + self.rule.nbytes)
+        return sum(int(a.nbytes) for a in self.parts.values())
 
 
 @dataclass
@@ -67,7 +69,7 @@ class CheckpointPool:
         self._to_host = ops.to_host if ops is not None else np.asarray
         self._to_device = ops.to_device if ops is not None else np.asarray
         self.device_held = 0     # bytes of device-tier checkpoints, pending ones included
-        self._spare: list = []   # freed host (conv, rule) buffers, reused by the next host checkpoint
+        self._spare: list = []   # freed host parts (dicts of buffers), reused by the next host checkpoint
         self.counters = Counters()
 
     @property
@@ -81,32 +83,32 @@ class CheckpointPool:
     def blank(self, states, position: int) -> Checkpoint | None:
         """An unfilled checkpoint shaped like one state row of `states`, on the device tier when
         it has (or can make) room, else on the host; None when neither budget holds one."""
-        conv_shape, rule_shape = states.conv[:, 0].shape, states.rule[:, 0].shape
-        one = 4 * (int(np.prod(conv_shape)) + int(np.prod(rule_shape)))
+        spec = states.checkpoint_parts()                       # name -> (shape, dtype)
+        one = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values())
         if self._room_on_device(one):
             self.device_held += one
-            conv, rule, tier = self._xp.empty(conv_shape, np.float32), self._xp.empty(rule_shape, np.float32), DEVICE
+            parts, tier = {name: self._xp.empty(shape, dtype) for name, (shape, dtype) in spec.items()}, DEVICE
         elif one <= self.tiers[HOST].budget:
-            conv, rule = self._host_buffers(conv_shape, rule_shape)
-            tier = HOST
+            parts, tier = self._host_buffers(spec), HOST
         else:
             return None
         self.counters.taken += 1
-        return Checkpoint(position, conv, rule, tier)
+        return Checkpoint(position, parts, tier)
 
-    def sink(self, ckpt: Checkpoint):
-        """sink(kind, j, state): copy GDN layer j's state row (a device array) into the checkpoint."""
+    def sink(self, ckpt: Checkpoint, states):
+        """sink(kind, j, state): copy what layer j's state (a device array: a GDN state row, a
+        sliding layer's ring) holds at the checkpoint's position into its part `kind`."""
         def store(kind: str, j: int, state) -> None:
-            getattr(ckpt, kind)[j] = state if ckpt.tier == DEVICE else self._to_host(state)
+            value = states.capture(kind, j, state, ckpt.position)
+            ckpt.parts[kind][j] = value if ckpt.tier == DEVICE else self._to_host(value)
         return store
 
     def take(self, states, row: int, position: int) -> Checkpoint | None:
         """A copy of state row `row` after `position` tokens (None when no budget holds one)."""
         ckpt = self.blank(states, position)
         if ckpt is not None:
-            store = self.sink(ckpt)
-            store("conv", slice(None), states.conv[:, row])
-            store("rule", slice(None), states.rule[:, row])
+            for name, value in states.read(row, position).items():
+                ckpt.parts[name][...] = value if ckpt.tier == DEVICE else self._to_host(value)
         return ckpt
 
     def link(self, ckpt: Checkpoint, node) -> None:
@@ -126,8 +128,7 @@ class CheckpointPool:
 
     def restore(self, ckpt: Checkpoint, states, row: int) -> None:
         move = (lambda a: a) if ckpt.tier == DEVICE else self._to_device
-        states.conv[:, row] = move(ckpt.conv)
-        states.rule[:, row] = move(ckpt.rule)
+        states.write(row, ckpt.position, {name: move(a) for name, a in ckpt.parts.items()})
         self.tiers[ckpt.tier].lru.move_to_end(id(ckpt))
         self.counters.hits += 1
         self.counters.reused_tokens += ckpt.position
@@ -165,16 +166,19 @@ class CheckpointPool:
         del device.lru[id(ckpt)]
         device.bytes -= ckpt.nbytes
         self.device_held -= ckpt.nbytes
-        conv, rule = self._host_buffers(ckpt.conv.shape, ckpt.rule.shape)
-        conv[...], rule[...] = self._to_host(ckpt.conv), self._to_host(ckpt.rule)
-        ckpt.conv, ckpt.rule, ckpt.tier = conv, rule, HOST
+        parts = self._host_buffers({name: (a.shape, a.dtype) for name, a in ckpt.parts.items()})
+        for name, a in ckpt.parts.items():
+            parts[name][...] = self._to_host(a)
+        ckpt.parts, ckpt.tier = parts, HOST
         host.lru[id(ckpt)] = ckpt          # newer than every host one: the device holds the recent
         host.bytes += ckpt.nbytes
         self.counters.demoted += 1
         self._evict_host()
 
-    def _host_buffers(self, conv_shape, rule_shape):
-        return self._spare.pop() if self._spare else (np.empty(conv_shape, np.float32), np.empty(rule_shape, np.float32))
+    def _host_buffers(self, spec: dict) -> dict:
+        """Host arrays of `spec` (name -> (shape, dtype)): a spare set when one is kept (one
+        model's checkpoints all have the same parts)."""
+        return self._spare.pop() if self._spare else {name: np.empty(shape, dtype) for name, (shape, dtype) in spec.items()}
 
     def _evict_host(self) -> None:
         host = self.tiers[HOST]
@@ -212,8 +216,8 @@ class CheckpointPool:
         if ckpt.tier == DEVICE:
             self.device_held -= ckpt.nbytes
         elif ckpt.tier == HOST and self.tiers[HOST].bytes + (len(self._spare) + 1) * ckpt.nbytes <= self.tiers[HOST].budget:
-            self._spare.append((ckpt.conv, ckpt.rule))
-        ckpt.conv = ckpt.rule = None
+            self._spare.append(ckpt.parts)
+        ckpt.parts = {}
         ckpt.tier = None
 
     def linked(self) -> list[Checkpoint]:

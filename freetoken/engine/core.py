@@ -60,7 +60,7 @@ class EngineCore:
         self.moe = self._make_moe()                # plans again if pinning the host pool failed
         _log_plan(self.plan)
         build.prepare_host(self.ops, config, cfg)
-        self.states = build.make_states(cfg, self.plan, self.ops.xp)
+        self.states = build.make_states(cfg, self.plan, self.ops.xp, config.chunked_prefill_size)
         self.checkpoints, self._anchors = build.checkpoint_pool(self.plan, config, self.ops, self.tokenizer)
         self._assemble(build.make_kv_pool(cfg, self.plan, self.ops.xp), self.moe)
         self._streams: dict[str, TextStream] = {}

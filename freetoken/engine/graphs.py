@@ -24,7 +24,9 @@ import numpy as np
 from freetoken.models.forward_batch import ForwardBatch
 from freetoken.cupy_loader import cupy as load_cupy, cupyx as load_cupyx
 
-INPUTS = ("ids", "positions", "tok_seq", "slots", "last_index")  # int32[B] each; then slot_table
+# int32[B] each; then slot_table. state_slots: a sliding-window model's rows (engine/window_pool.py),
+# from which the captured forward computes its ring slots; left at their capture values otherwise
+INPUTS = ("ids", "positions", "tok_seq", "slots", "last_index", "state_slots")
 
 
 class GraphCaptureError(RuntimeError):
@@ -32,7 +34,7 @@ class GraphCaptureError(RuntimeError):
 
 
 def _views(buf, B: int, C: int) -> dict:
-    """Named views of one int32 buffer [5B + B*C]: the INPUTS, then slot_table [B, C]."""
+    """Named views of one int32 buffer [6B + B*C]: the INPUTS, then slot_table [B, C]."""
     views = {name: buf[i * B:(i + 1) * B] for i, name in enumerate(INPUTS)}
     views["slot_table"] = buf[len(INPUTS) * B:].reshape(B, C)
     return views
@@ -40,12 +42,12 @@ def _views(buf, B: int, C: int) -> dict:
 
 def _static_inputs(B: int, C: int):
     """A pinned host mirror and its device copy, holding a harmless first step: token b is
-    position 0 of sequence b, written to and read from KV slot b."""
+    position 0 of sequence b, written to and read from KV slot b (and row b's ring)."""
     cupy = load_cupy()
     cupyx = load_cupyx()
     host = cupyx.zeros_pinned((len(INPUTS) * B + B * C,), np.int32)
     v, b = _views(host, B, C), np.arange(B, dtype=np.int32)
-    for name in ("tok_seq", "slots", "last_index"):
+    for name in ("tok_seq", "slots", "last_index", "state_slots"):
         v[name][:] = b
     v["slot_table"][:, 0] = b
     return host, cupy.asarray(host)
@@ -83,7 +85,7 @@ class DecodeGraph:
     batch_size: int
     max_context: int
     host: np.ndarray       # pinned int32 mirror of `dev`, rewritten by every replay
-    dev: object            # cupy int32[5B + B*C]: the inputs the graph reads
+    dev: object            # cupy int32[6B + B*C]: the inputs the graph reads
     batch: ForwardBatch    # views of `dev` (prefill=False): what the captured forward was given
     logits: object         # cupy f32[B, V]: what every replay writes
     graph: object          # cupy.cuda.Graph
@@ -118,7 +120,8 @@ class DecodeGraph:
         self.copied.synchronize()   # the previous replay's copy has left the pinned mirror
         v = _views(self.host, B, self.max_context)
         for name in INPUTS:
-            v[name][:] = getattr(batch, name)
+            if getattr(batch, name) is not None:      # state_slots of a model without rows
+                v[name][:] = getattr(batch, name)
         v["slot_table"][:, :C] = batch.slot_table
         stream = cupy.cuda.get_current_stream()
         self.dev.set(self.host, stream=stream)   # asynchronous: the mirror is pinned

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
 from freetoken.engine.plan_checks import check_config
-from freetoken.engine.plan_memory import GB, GpuMemory, host_kv_tokens, kv_bytes_per_token, split_gpu_memory
+from freetoken.engine.plan_memory import (GB, GpuMemory, checkpoint_bytes, host_kv_tokens, kv_bytes_per_token,
+                                         split_gpu_memory)
 from freetoken.engine.plan_moe import Decision, MoEAsk, plan_moe
 from freetoken.moe.runtime import CACHED, MoEPlan, prefill_stream_slots
 
@@ -47,9 +48,9 @@ class Plan:
     moe: MoEPlan
     cuda_graphs: bool
     prefix_cache: bool
-    checkpoint_host_bytes: int    # a GDN model's state checkpoints in host memory
+    checkpoint_host_bytes: int    # state checkpoints (GDN states, sliding windows) in host memory
     checkpoint_device_bytes: int  # ... and on the GPU
-    state_rows: int               # a GDN model's recurrent-state rows (one per running request)
+    state_rows: int               # per-request state rows (GDN states, sliding windows), one per running request
     memory: GpuMemory | None      # the GPU memory split (cuda only)
     decisions: tuple[Decision, ...]
 
@@ -95,13 +96,13 @@ def make_plan(model: ModelConfig, config: EngineConfig, facts: DeviceFacts) -> P
     moe, moe_decisions = plan_moe(model, config, ask, compute.value == "cuda", fit, facts.profile, facts.host_pinned)
     spare = 0 if memory is None else max(memory.expert_room_bytes - slots_on_gpu(memory, moe, model) * memory.one_expert_bytes, 0)
     graphs = _graphs(compute.value, moe.backend, model, config)
-    host, device, ckpt = _checkpoints(model, config, facts, compute.value, spare)
+    host, device, ckpt = _checkpoints(model, config, facts, compute.value, spare, itemsize)
     prefix = _prefix_cache(model, config, host + device)
     split = [memory_decision(memory, slots_on_gpu(memory, moe, model))] if memory is not None else []
     decisions = (compute, context, kv_dtype, kv, *moe_decisions, *split, _threads(config), graphs, *ckpt, prefix)
     return Plan(compute.value, int(context.value), kv_tokens, kv_dtype.value, moe, graphs.value == "on",
-                prefix.value == "on", host, device, config.max_running_requests if model.has_gdn else 0, memory,
-                decisions)
+                prefix.value == "on", host, device, config.max_running_requests if model.keeps_request_state else 0,
+                memory, decisions)
 
 
 def compute_backend(asked: str, facts: DeviceFacts) -> Decision:
@@ -174,15 +175,15 @@ def _threads(config: EngineConfig) -> Decision:
 
 
 def _checkpoints(model: ModelConfig, config: EngineConfig, facts: DeviceFacts, compute: str,
-                 device_spare: int) -> tuple[int, int, list[Decision]]:
-    """(host bytes, device bytes, decisions) of a GDN model's state checkpoints. Host:
+                 device_spare: int, kv_itemsize: int) -> tuple[int, int, list[Decision]]:
+    """(host bytes, device bytes, decisions) of the state checkpoints of a model whose requests
+    keep state (GDN states, sliding windows: plan_memory.checkpoint_bytes). Host:
     --state-checkpoint-mb, else CHECKPOINTS_PER_REQUEST per running request, at most HOST_SHARE of
     the memory available now. Device: --state-checkpoint-gpu-mb (the memory split claimed it), else
     what the expert cache leaves, at most the host tier's size."""
-    if not model.has_gdn or not config.enable_prefix_cache:
+    if not model.keeps_request_state or not config.enable_prefix_cache:
         return 0, 0, []
-    from freetoken.engine.state_pool import StatePool
-    row, running, avail = StatePool.bytes_per_row(model), config.max_running_requests, facts.host_available_bytes
+    row, running, avail = checkpoint_bytes(model, kv_itemsize), config.max_running_requests, facts.host_available_bytes
     if config.state_checkpoint_mb is not None:
         host, why = config.state_checkpoint_mb << 20, "--state-checkpoint-mb"
     else:
@@ -205,14 +206,15 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-def _prefix_cache(model: ModelConfig, config: EngineConfig, checkpoint_bytes: int) -> Decision:
+def _prefix_cache(model: ModelConfig, config: EngineConfig, checkpoint_budget: int) -> Decision:
     if not config.enable_prefix_cache:
         return Decision("prefix cache", "off", "--no-enable-prefix-cache")
-    if model.has_gdn and checkpoint_bytes <= 0:
-        return Decision("prefix cache", "off", "a GDN model reuses a cached prefix only with a recurrent-state "
-                        "checkpoint, and --state-checkpoint-mb is 0")
+    kind = "a GDN model" if model.has_gdn else "a sliding-window model"
+    if model.keeps_request_state and checkpoint_budget <= 0:
+        return Decision("prefix cache", "off", f"{kind} reuses a cached prefix only with a state checkpoint, "
+                        "and --state-checkpoint-mb is 0")
     return Decision("prefix cache", "on", "radix tree over token ids" + (
-        ", resumed at state checkpoints" if model.has_gdn else ""))
+        ", resumed at state checkpoints" if model.keeps_request_state else ""))
 
 
 def memory_decision(memory: GpuMemory, slots: int) -> Decision:
@@ -226,4 +228,4 @@ def describe_memory(memory: GpuMemory, slots: int) -> str:
             f"workspace {gb(memory.workspace_bytes)}, KV {gb(memory.kv_bytes)}, expert cache "
             f"{gb(slots * memory.one_expert_bytes)} ({slots} of {memory.total_experts} experts)"
             + (f", state checkpoints {gb(memory.checkpoint_claim_bytes)}" if memory.checkpoint_claim_bytes else "")
-            + (f", recurrent states {gb(memory.state_bytes)}" if memory.state_bytes else ""))
+            + (f", per-request states {gb(memory.state_bytes)}" if memory.state_bytes else ""))

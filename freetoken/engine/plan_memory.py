@@ -1,12 +1,13 @@
 """The plan's memory arithmetic: how the GPU memory FreeToken may use splits into non-expert weights,
-workspace, recurrent states, KV cache and what is left for the expert cache (docs/design.md, Memory:
+workspace, per-request states, KV cache and what is left for the expert cache (docs/design.md, Memory:
 one expert cache for all layers), and the KV pool's size on the host.
 
 Pure arithmetic on the model shape, the flags and measured numbers; engine/plan.py decides with it.
 ``--gpu-memory-gb X`` caps the budget. Claims, in order: non-expert weights (must fit); workspace
-(activations and op scratch of the largest step); a GDN model's recurrent states; KV (running x
-context, at most KV_MAX_SHARE of what is left, but always one full context); state checkpoints when
---state-checkpoint-gpu-mb asks for some; every remaining byte is room for expert-cache slots.
+(activations and op scratch of the largest step); per-request states (a GDN model's recurrent
+states, a sliding-window model's rings); KV (running x context, at most KV_MAX_SHARE of what is
+left, but always one full context); state checkpoints when --state-checkpoint-gpu-mb asks for
+some; every remaining byte is room for expert-cache slots.
 
 Shape legend: L layers, Lm MoE layers, E experts, k routed, H hidden, I expert width, V vocab,
 Hq/G query/kv heads, D head dim, T tokens of the largest step.
@@ -33,7 +34,7 @@ class GpuMemory:
     capped_by: str            # "--gpu-memory-gb" or "free memory"
     weights_bytes: int        # non-expert weights (and dense-MLP layers), always resident
     workspace_bytes: int      # activations, op scratch, graph logits of the largest step
-    state_bytes: int          # a GDN model's recurrent-state pool
+    state_bytes: int          # the per-request state pool (GDN states, sliding windows' rings)
     kv_tokens: int
     kv_bytes: int
     checkpoint_claim_bytes: int   # --state-checkpoint-gpu-mb N, claimed before the expert cache
@@ -73,12 +74,26 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_itemsize: int) -> int:
     return 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * kv_itemsize
 
 
-def state_bytes(cfg: ModelConfig, running: int) -> int:
-    """A GDN model's recurrent-state pool: one fp32 row per running request (engine/state_pool.py)."""
-    if not cfg.has_gdn:
-        return 0
-    from freetoken.engine.state_pool import StatePool
-    return StatePool.bytes_per_row(cfg) * running
+def state_bytes(cfg: ModelConfig, running: int, chunk: int, kv_itemsize: int) -> int:
+    """The per-request state pool, one row per running request: a GDN model's fp32 recurrent
+    states (engine/state_pool.py), a sliding-window model's rings (engine/window_pool.py)."""
+    if cfg.has_gdn:
+        from freetoken.engine.state_pool import StatePool
+        return StatePool.bytes_per_row(cfg) * running
+    if cfg.sliding_kv:
+        from freetoken.engine.window_pool import WindowPool
+        return WindowPool.bytes_per_row(cfg, chunk, kv_itemsize) * running
+    return 0
+
+
+def checkpoint_bytes(cfg: ModelConfig, kv_itemsize: int) -> int:
+    """One state checkpoint (engine/checkpoints.py): a GDN state row, or W positions of every
+    sliding layer's KV."""
+    if cfg.has_gdn:
+        from freetoken.engine.state_pool import StatePool
+        return StatePool.bytes_per_row(cfg)
+    from freetoken.engine.window_pool import WindowPool
+    return WindowPool.checkpoint_bytes(cfg, kv_itemsize)
 
 
 def workspace_bytes(cfg: ModelConfig, ec: EngineConfig, context: int) -> int:
@@ -137,7 +152,7 @@ def split_gpu_memory(cfg: ModelConfig, ec: EngineConfig, free_bytes: int, dtype_
     budget, capped_by = (cap, "--gpu-memory-gb") if 0 < cap < usable else (usable, "free memory")
     weights = stored[0] if stored else weight_bytes(cfg, dtype_bytes)
     work = workspace_bytes(cfg, ec, context)
-    states = state_bytes(cfg, ec.max_running_requests)
+    states = state_bytes(cfg, ec.max_running_requests, ec.chunked_prefill_size, kv_itemsize)
     left = budget - weights - work - states
     if left <= 0:
         raise ConfigError(f"weights ({weights / GB:.2f} GB), workspace ({work / GB:.2f} GB) and recurrent "
@@ -145,7 +160,7 @@ def split_gpu_memory(cfg: ModelConfig, ec: EngineConfig, free_bytes: int, dtype_
     per_token = kv_bytes_per_token(cfg, kv_itemsize)
     kv_tokens, kv_why = gpu_kv_tokens(kv_asked, ec.max_running_requests, context, per_token, left)
     kv = kv_tokens * per_token
-    claim = (ec.state_checkpoint_gpu_mb or 0) << 20 if cfg.has_gdn else 0
+    claim = (ec.state_checkpoint_gpu_mb or 0) << 20 if cfg.keeps_request_state else 0
     if claim > left - kv:
         raise ConfigError(f"--state-checkpoint-gpu-mb {ec.state_checkpoint_gpu_mb} does not fit: "
                           f"{max(left - kv, 0) / GB:.2f} GB are left after weights, workspace and KV")

@@ -125,7 +125,7 @@ class Resumer(StateRows):
             if ckpt is not None:
                 ckpt.keep = req.ends_a_query and p == len(req.prompt_ids)
                 req.pending.append(ckpt)
-                out.append((p - lo, self.pool.sink(ckpt)))
+                out.append((p - lo, self.pool.sink(ckpt, self.states)))
         return out
 
     def link(self, req, tokens) -> None:

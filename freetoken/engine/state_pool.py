@@ -41,6 +41,24 @@ class StatePool:
     def bytes(self) -> int:
         return int(self.conv.nbytes + self.rule.nbytes)
 
+    def checkpoint_parts(self) -> dict:
+        """What a state checkpoint holds (engine/checkpoints.py): name -> (shape, dtype) of one row."""
+        return {"conv": (self.conv.shape[:1] + self.conv.shape[2:], np.float32),
+                "rule": (self.rule.shape[:1] + self.rule.shape[2:], np.float32)}
+
+    def read(self, row: int, position: int) -> dict:
+        """Row `row`'s state, every GDN layer (the position is the row's own: it has one state)."""
+        return {"conv": self.conv[:, row], "rule": self.rule[:, row]}
+
+    def capture(self, kind: str, j: int, state, position: int):
+        """What a checkpoint keeps of GDN layer j's state row handed to its sink: all of it."""
+        return state
+
+    def write(self, row: int, position: int, parts: dict) -> None:
+        """Row `row` resumes from a checkpoint's parts (device arrays)."""
+        self.conv[:, row] = parts["conv"]
+        self.rule[:, row] = parts["rule"]
+
     def alloc(self) -> int:
         if not self._free:
             raise RuntimeError(f"all {self.rows} recurrent-state rows are in use")

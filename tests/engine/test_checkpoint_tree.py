@@ -3,15 +3,14 @@
 budget and KV eviction interleave, no node points at a freed checkpoint, no checkpoint points at
 a gone node, each tier's budget holds, counters add up, and a resumable match ends at a node that
 has a checkpoint. numpy stands in for the device (ops=None), so both tiers are host arrays here."""
-from types import SimpleNamespace
-
 import numpy as np
 from hypothesis import example, given, settings, strategies as st
 
 from freetoken.engine.checkpoints import CheckpointPool
 from freetoken.engine.radix import RadixCache
+from freetoken.engine.state_pool import StatePool
 
-STATES = SimpleNamespace(conv=np.zeros((2, 4, 3, 5), np.float32), rule=np.zeros((2, 4, 2, 3, 3), np.float32))
+STATES = StatePool(num_layers=2, rows=4, conv_dim=5, kernel=4, value_heads=2, key_dim=3, value_dim=3)
 ONE = STATES.conv[:, 0].nbytes + STATES.rule[:, 0].nbytes
 seqs = st.lists(st.integers(0, 3), min_size=1, max_size=12)
 ops = st.lists(st.one_of(st.tuples(st.just("insert"), seqs), st.tuples(st.just("link"), seqs, st.integers(1, 12)),
@@ -79,8 +78,9 @@ def test_the_device_tier_demotes_its_oldest_to_the_host_and_both_restore():
     least recently used one to the host (same contents), and restoring from either tier gives
     back the state it was taken from."""
     rng = np.random.default_rng(0)
-    states = SimpleNamespace(conv=rng.standard_normal(STATES.conv.shape, np.float32),
-                             rule=rng.standard_normal(STATES.rule.shape, np.float32))
+    states = StatePool(num_layers=2, rows=4, conv_dim=5, kernel=4, value_heads=2, key_dim=3, value_dim=3)
+    states.conv[...] = rng.standard_normal(STATES.conv.shape, np.float32)
+    states.rule[...] = rng.standard_normal(STATES.rule.shape, np.float32)
     pool, tree = CheckpointPool(2 * ONE, 2 * ONE), RadixCache()
     tree.checkpoints = pool
     tree.insert([0, 1, 2, 3], [0, 1, 2, 3])

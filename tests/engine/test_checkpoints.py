@@ -189,9 +189,9 @@ def test_one_forward_captures_the_state_at_every_anchor_it_passes(engines):
     # _gdn_cpu's kernels compile in this process (fresh clone, 2026-12-04; cause not found yet)
     for ckpt in taken[:-1]:
         conv, rule = state_after(plain, ids[:ckpt.position])
-        np.testing.assert_allclose(ckpt.conv, conv, rtol=1e-4, atol=3e-4)
-        np.testing.assert_allclose(ckpt.rule, rule, rtol=1e-4, atol=3e-4)
-        assert not np.allclose(ckpt.conv, state_after(plain, ids[:ckpt.position + 1])[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ckpt.parts["conv"], conv, rtol=1e-4, atol=3e-4)
+        np.testing.assert_allclose(ckpt.parts["rule"], rule, rtol=1e-4, atol=3e-4)
+        assert not np.allclose(ckpt.parts["conv"], state_after(plain, ids[:ckpt.position + 1])[0], rtol=1e-4, atol=1e-4)
     check_tree(cached)
 
 
