@@ -88,12 +88,24 @@ _HARMONY_THOUGHT = ('thought: <|channel|> "analysis" <|message|> THOUGHT <|end|>
                     "THOUGHT: /(.|\\n)*/\n")
 
 
-def harmony_tool_call_grammar(tools: list[dict]) -> str:
+# tool_choice auto in harmony: any number of analysis or plain commentary messages, then the final
+# answer or a call. Every message body ends only at a marker (a special token), so the channel
+# header is the one place a call can open, and it is a closed choice: no free text to exclude
+_HARMONY_AUTO = ('start: (aside <|end|> <|start|> "assistant")* (final | call)\n'
+                 'aside: <|channel|> ("analysis" | "commentary") <|message|> BODY\n'
+                 'final: <|channel|> "final" <|message|> BODY\n'
+                 "BODY: /(.|\\n)*/\n")
+
+
+def harmony_tool_call_grammar(tools: list[dict], auto: bool = False) -> str:
     """Lark text for one harmony tool call, ``<|channel|>commentary to=functions.NAME
     <|constrain|>json<|message|>`` and the arguments as JSON of the tool's parameters (the model's
     stop token <|call|> then ends the reply: one call a turn, as harmony has it), after an optional
     analysis message. ``tools`` as tool_call_grammar's (all of them, or the forced one). The
-    arguments are compact JSON (no spaces), as harmony's own examples write them."""
+    arguments are compact JSON (no spaces), as harmony's own examples write them. ``auto``
+    (tool_choice auto): the call is one of the reply's two possible ends, the final message the
+    other, after any analysis and commentary messages; a call the model opens names a listed tool
+    and holds to its schema."""
     rules = []
     for i, t in enumerate(tools):
         schema = dict(t["function"].get("parameters") or {"type": "object"})
@@ -101,8 +113,8 @@ def harmony_tool_call_grammar(tools: list[dict]) -> str:
         rules += [f'fn{i}: {json.dumps(t["function"]["name"])} " " <|constrain|> "json" <|message|> args{i}',
                   f"args{i}: %json " + json.dumps(schema, separators=(",", ":"))]
     names = " | ".join(f"fn{i}" for i in range(len(tools)))
-    return ("start: thought? call\n" + _HARMONY_THOUGHT + f'call: <|channel|> "commentary to=functions." ({names})\n'
-            + "\n".join(rules) + "\n")
+    head = _HARMONY_AUTO if auto else "start: thought? call\n" + _HARMONY_THOUGHT
+    return head + f'call: <|channel|> "commentary to=functions." ({names})\n' + "\n".join(rules) + "\n"
 
 
 def harmony_final_grammar(schema: dict | None = None) -> str:

@@ -128,7 +128,10 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # int8 tile GEMM (experts_glu.tile_gemm), the hub's MXFP4 re-packed by a numba kernel, bench bw
 # reading a quantized checkpoint's expert format; -> 18,345 (2026-12-07): harmony's grammars (a
 # forced tool call in gpt-oss's call form, a JSON format as its final message) in place of the 400
-MAX_PACKAGE_LINES = 18_345
+# -> 18,470 (2026-12-07): gpt-oss's sliding layers' KV as per-request rings (engine/window_pool.py,
+# ~90 lines) joining the state checkpoints, whose pool now moves whatever parts a state pool names;
+# -> 18,480 (2026-12-07): harmony's tool_choice auto held to its message structure (grammar.py)
+MAX_PACKAGE_LINES = 18_480
 
 
 def _module_name(path: Path) -> str:

@@ -198,20 +198,21 @@ def tool_choice_grammar(state, conv, parallel: bool) -> tuple[str | None, str]:
     named one), forced for `required` or a named tool (a 400 naming the missing dependency where
     llguidance is not installed, as for json_schema), and after free text for `auto` (a triggered
     grammar: a call the model opens is well-formed; off with --no-tool-call-grammar or
-    --tool-call-parser none, or where llguidance is missing). A harmony model (gpt-oss) is forced
-    into harmony's call form; its auto runs free. None for no tools and `none`."""
+    --tool-call-parser none, or where llguidance is missing). A harmony model (gpt-oss) is held to
+    harmony's call form: forced, or for `auto` as one of the reply's two ends (the final message
+    the other). None for no tools and `none`."""
     if not conv.tools or conv.choice == "none":
         return None, "tool_choice"
     from freetoken import grammar as g
     auto = conv.choice == "auto"
-    if auto and (speaks_harmony(state) or not (state.parse_tools() and state.config.tool_call_grammar
-                                               and g.available())):
-        return None, "tool_choice"      # harmony's auto runs free: its calls are parsed (server/harmony.py)
+    if auto and not (state.parse_tools() and state.config.tool_call_grammar and g.available()):
+        return None, "tool_choice"
     if not g.available():
         raise APIError(400, f"tool_choice {conv.choice!r} needs constrained decoding, which is not "
                             f"installed: {g.INSTALL_HINT}", param="tool_choice")
     if speaks_harmony(state):          # one call a turn in harmony: parallel does not arise
-        return g.harmony_tool_call_grammar(conv.template_tools), "tool_choice"
+        grammar = g.harmony_tool_call_grammar(conv.template_tools, auto=auto)
+        return (_auto_grammar(state, grammar) if auto else grammar), "tool_choice"
     xml = "<function=" in (state.ready_engine().tokenizer.chat_template or "")     # Qwen3-Coder's form
     form = g.xml_tool_call_grammar if xml else g.tool_call_grammar
     grammar = form(conv.template_tools, parallel=parallel, free_text=auto)

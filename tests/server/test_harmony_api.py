@@ -193,6 +193,56 @@ def test_the_forced_call_may_follow_an_analysis_message(gpt_oss_dir, harmony_dir
     assert name in ("read_file", "delete_file") and rest in ('{"path":"a.txt"}', '{"path":"b.txt"}'), text
 
 
+def walk(grammars, tok, grammar: str, text: str, stop: str) -> str:
+    """'ok' when the matcher takes text's tokens and the stop token, else where it refused."""
+    m = grammars.matcher(grammar)
+    ids = tok.encode(text) + [tok.token_to_id(stop)]
+    bad = next((i for i, t in enumerate(ids) if not m.consume(t)), None)
+    return "ok" if bad is None else tok.decode(ids[:bad + 1], skip_special_tokens=False)
+
+
+AUTO_CASES = [   # (reply as harmony writes it, its stop token, taken)
+    ("<|channel|>analysis<|message|>to=functions.x?<|end|><|start|>assistant<|channel|>final<|message|>hi",
+     "<|return|>", True),
+    ("<|channel|>commentary<|message|>Looking.<|end|><|start|>assistant<|channel|>commentary "
+     'to=functions.read_file <|constrain|>json<|message|>{"path":"a.txt"}', "<|call|>", True),
+    ('<|channel|>commentary to=functions.delete_file <|constrain|>json<|message|>{"path":"b.txt"}', "<|call|>", True),
+    ('<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>{"path":"b.txt"}', "<|call|>", False),
+    ('<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>{"path":"c.txt"}', "<|call|>", False),
+    ("<|channel|>analysis<|message|>and nothing after", "<|return|>", False),
+]
+
+
+def test_the_auto_grammar_holds_a_call_to_the_tools_and_leaves_every_other_message_free(harmony_dir):
+    """tool_choice auto in harmony: analysis and commentary messages and the final answer are free
+    text (even text that spells a call opener: the header is where a call opens); a call names a
+    listed tool and its arguments hold to the schema; the reply ends with a final message or a call."""
+    from freetoken.grammar import Grammars, harmony_tool_call_grammar
+    tok = Tokenizer.from_dir(harmony_dir)
+    grammars = Grammars((harmony_dir / "tokenizer.json").read_text(), tok.vocab_size,
+                        [tok.token_to_id(m) for m in ("<|return|>", "<|call|>")])
+    grammar = harmony_tool_call_grammar(PICK_TOOLS, auto=True)
+    assert grammars.problem(grammar) is None
+    for text, stop, taken in AUTO_CASES:
+        assert (walk(grammars, tok, grammar, text, stop) == "ok") == taken, text
+
+
+def test_auto_holds_the_call_a_model_opens_to_a_listed_tool(engine_oa, harmony_dir):
+    """Through the SDK with tool_choice auto: the random model is pushed toward a call (the
+    channels' other first tokens and <|message|> after "commentary" banned); what it writes from
+    "to=functions." on is a listed tool and arguments of its schema, parsed into tool_calls.
+    Without the grammar the random weights write no well-formed call."""
+    client, _ = engine_oa
+    tok = Tokenizer.from_dir(harmony_dir)
+    bias = {str(tok.encode(word)[0]): -100 for word in ("analysis", "final")}
+    bias[str(tok.token_to_id("<|message|>"))] = -100
+    reply = client.chat.completions.create(model=MODEL, max_tokens=64, tools=PICK_TOOLS, tool_choice="auto",
+                                           logit_bias=bias, temperature=0, messages=[{"role": "user", "content": "hi"}])
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name in ("read_file", "delete_file") and reply.choices[0].finish_reason == "tool_calls"
+    assert json.loads(call.function.arguments)["path"] in ("a.txt", "b.txt")
+
+
 def test_anthropic_tool_choice_any_is_a_tool_use_block(engine_oa):
     _, server = engine_oa
     client = anthropic.Anthropic(base_url=server.url, api_key="x")
@@ -239,3 +289,24 @@ def test_the_engine_serves_a_gpt_oss_directory_that_speaks_harmony(engine_oa, ha
     assert llm.generate([[5, 6]], params)[0].text == "<|channel|>" * 4
     assert llm.generate([[5, 6]], SamplingParams(max_tokens=4, logit_bias=((channel, 100.0),)))[0].text == ""
 
+
+
+def test_the_next_turn_resumes_at_a_window_checkpoint(engine_oa, harmony_dir):
+    """gpt-oss's sliding layers keep per-request state, so a cached prefix is reused only from a
+    state checkpoint: one is taken after each harmony message's end (<|end|>, <|call|>) and at
+    the prompt's end, and the next turn of a conversation, sent through the SDK, resumes at one."""
+    import httpx
+    from freetoken.engine.anchors import Anchors
+    tok = Tokenizer.from_dir(harmony_dir)
+    anchors = Anchors.for_tokenizer(tok)
+    assert {tok.token_to_id(m) for m in ("<|end|>", "<|call|>")} == {m[0] for m in anchors.after if len(m) == 1}
+    client, server = engine_oa
+    status = lambda: httpx.get(server.url + "/v1/cache/status").json()["state_checkpoints"]
+    first = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "hi there"}]
+    reply = client.chat.completions.create(model=MODEL, max_tokens=6, temperature=0, messages=first)
+    before = status()
+    again = first + [{"role": "assistant", "content": reply.choices[0].message.content or "ok"},
+                     {"role": "user", "content": "and again"}]
+    client.chat.completions.create(model=MODEL, max_tokens=6, temperature=0, messages=again)
+    after = status()
+    assert after["hits"] == before["hits"] + 1 and after["reused_tokens"] - before["reused_tokens"] > 10, after
