@@ -47,10 +47,11 @@ def decode_batch(core, B: int, context: int, rng):
     from freetoken.models.forward_batch import ForwardBatch
     slots = np.asarray(core.kv.alloc(B * context), np.int32).reshape(B, context)
     i32 = lambda a: np.asarray(a, np.int32)
+    rows = {} if core.states is None else dict(state_slots=i32(range(B)), seq_starts=i32(range(B + 1)))
     return ForwardBatch(ids=i32(rng.integers(0, core.model_config.vocab_size, B)),
                         positions=i32([context - 1] * B), tok_seq=i32(range(B)),
                         slots=slots[:, -1].copy(), slot_table=slots, last_index=i32(range(B)),
-                        prefill=False), slots
+                        prefill=False, **rows), slots
 
 
 def step_times(core, graphs, batch, steps: int) -> dict:

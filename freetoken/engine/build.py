@@ -141,7 +141,7 @@ def make_model(cfg, weights, ops, moe, kv, states):
 
 
 def checkpoint_pool(plan, config, ops, tokenizer):
-    """(a GDN model's checkpoint pool, its anchors), or (None, None), as the plan sized them."""
+    """(the state checkpoint pool, its anchors), or (None, None), as the plan sized them."""
     if not plan.prefix_cache or plan.checkpoint_host_bytes + plan.checkpoint_device_bytes <= 0:
         return None, None
     from freetoken.engine.anchors import Anchors
@@ -154,7 +154,7 @@ def checkpoint_pool(plan, config, ops, tokenizer):
 
 
 def prefix_cache(plan, pool):
-    """The radix prefix cache (over a GDN model's checkpoint pool), or None when the plan has none."""
+    """The radix prefix cache (over the state checkpoint pool, if any), or None when the plan has none."""
     from freetoken.engine.radix import RadixCache
     return RadixCache(pool) if plan.prefix_cache else None
 

@@ -1,4 +1,4 @@
-"""Recurrent-state checkpoints of a GDN model, each linked to the radix-tree node whose end is
+"""State checkpoints of a model whose requests keep state (GDN, sliding windows), each linked to the radix-tree node whose end is
 the token position it was taken at, so a later request can resume from the deepest cached prefix
 that has both its KV and its state.
 

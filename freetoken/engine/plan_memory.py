@@ -155,7 +155,7 @@ def split_gpu_memory(cfg: ModelConfig, ec: EngineConfig, free_bytes: int, dtype_
     states = state_bytes(cfg, ec.max_running_requests, ec.chunked_prefill_size, kv_itemsize)
     left = budget - weights - work - states
     if left <= 0:
-        raise ConfigError(f"weights ({weights / GB:.2f} GB), workspace ({work / GB:.2f} GB) and recurrent "
+        raise ConfigError(f"weights ({weights / GB:.2f} GB), workspace ({work / GB:.2f} GB) and per-request "
                           f"states ({states / GB:.2f} GB) exceed the GPU budget of {budget / GB:.2f} GB ({capped_by})")
     per_token = kv_bytes_per_token(cfg, kv_itemsize)
     kv_tokens, kv_why = gpu_kv_tokens(kv_asked, ec.max_running_requests, context, per_token, left)

@@ -18,12 +18,12 @@ class Node:
         self.children: dict[int, Node] = {}
         self.ref = 0              # requests whose reused prefix runs through this node
         self.last_used = 0
-        self.checkpoint = None    # a GDN model's recurrent state after this node's last token (checkpoints.py)
+        self.checkpoint = None    # the request state after this node's last token (GDN, windows: checkpoints.py)
 
 
 class RadixCache:
     def __init__(self, checkpoints=None):
-        self.checkpoints = checkpoints   # CheckpointPool of a GDN model: evicted nodes drop theirs
+        self.checkpoints = checkpoints   # the state CheckpointPool (GDN, windows): evicted nodes drop theirs
         self.root = Node([], [], None)
         self.root.ref = 1         # never evicted
         self._clock = itertools.count(1)

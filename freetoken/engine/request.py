@@ -114,8 +114,8 @@ class Request:
     output_counts: dict = field(default_factory=dict)   # token id -> occurrences in output_ids
     prompt_logprobs: list = field(default_factory=list)  # one TokenLogprob (None first) per prompt token
     output_logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked
-    state_row: int | None = None  # recurrent-state row (GDN models), held while running
-    anchor_candidates: list = field(default_factory=list)  # every anchor of the prompt (GDN models)
+    state_row: int | None = None  # state row (GDN, sliding windows), held while running
+    anchor_candidates: list = field(default_factory=list)  # every anchor of the prompt (state models)
     anchors: list = field(default_factory=list)   # the ones this prefill checkpoints at, and the end
     pending: list = field(default_factory=list)   # checkpoints taken, linked once their KV is in the tree
     ends_a_query: bool = False    # the prompt's last message is the user's, not a tool result (GDN models)

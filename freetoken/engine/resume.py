@@ -45,7 +45,7 @@ class NoRecurrentState:
 
 
 class StateRows(NoRecurrentState):
-    """A GDN model without a prefix cache: one recurrent-state row per running request."""
+    """A GDN or sliding-window model without a prefix cache: one state row per running request."""
 
     def __init__(self, states):
         self.states = states
@@ -60,7 +60,8 @@ class StateRows(NoRecurrentState):
 
 
 class Resumer(StateRows):
-    """A GDN model with a prefix cache: resume at checkpoints, capture at anchors, link to the tree."""
+    """A GDN or sliding-window model with a prefix cache: resume at checkpoints, capture at anchors,
+    link to the tree."""
 
     def __init__(self, cache, pool, states, anchors):
         super().__init__(states)

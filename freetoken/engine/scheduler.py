@@ -20,7 +20,7 @@ class Scheduler:
     def __init__(self, kv_pool, max_running: int, chunk_size: int, max_model_len: int, prefix_cache=None,
                  recurrent=None):
         self.kv, self.cache = kv_pool, prefix_cache
-        self.recurrent = recurrent or NoRecurrentState()   # a GDN model's state rows/checkpoints: resume.py
+        self.recurrent = recurrent or NoRecurrentState()   # state rows/checkpoints (GDN, windows): resume.py
         self.max_running, self.chunk_size, self.max_model_len = max_running, chunk_size, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

@@ -21,6 +21,6 @@ class ForwardBatch:
     slot_table: np.ndarray   # int32[B, C] KV slot of every position of each sequence (padded)
     last_index: np.ndarray   # int32[R] index into T of each token whose logits are needed (>= 1 per sequence)
     prefill: bool            # True when any sequence computes more than one token
-    seq_starts: np.ndarray | None = None   # int32[B+1] first token of each sequence in T (hybrid models)
-    state_slots: np.ndarray | None = None  # int32[B] recurrent-state row of each sequence (hybrid models)
-    state_cuts: tuple = ()                 # models/state_cuts.py Pieces: states wanted mid-step (hybrid prefill)
+    seq_starts: np.ndarray | None = None   # int32[B+1] first token of each sequence in T (state models)
+    state_slots: np.ndarray | None = None  # int32[B] state row of each sequence (GDN, sliding windows)
+    state_cuts: tuple = ()                 # models/state_cuts.py Pieces: states wanted mid-step (state models' prefill)

@@ -116,13 +116,13 @@ def _engine_metrics(metric, s: dict) -> None:
     metric("kv_occupancy_ratio", "gauge", "used KV slots / capacity", [({}, _kv_used(s))])
     ck = s.get("checkpoints") or {}
     if ck:
-        metric("state_checkpoints", "gauge", "recurrent-state checkpoints held (hybrid models)", [({}, ck["checkpoints"])])
-        metric("state_checkpoint_bytes", "gauge", "bytes of recurrent-state checkpoints by tier",
+        metric("state_checkpoints", "gauge", "state checkpoints held (GDN and sliding-window models)", [({}, ck["checkpoints"])])
+        metric("state_checkpoint_bytes", "gauge", "bytes of state checkpoints by tier",
                [({"tier": name}, tier["bytes"]) for name, tier in ck["tiers"].items()])
-        metric("state_checkpoint_budget_bytes", "gauge", "byte budget of recurrent-state checkpoints by tier",
+        metric("state_checkpoint_budget_bytes", "gauge", "byte budget of state checkpoints by tier",
                [({"tier": name}, tier["budget_bytes"]) for name, tier in ck["tiers"].items()])
         for key in ("taken", "hits", "evicted", "dropped", "demoted", "reused_tokens"):
-            metric(f"state_checkpoints_{key}_total", "counter", f"recurrent-state checkpoints: {key.replace('_', ' ')}",
+            metric(f"state_checkpoints_{key}_total", "counter", f"state checkpoints: {key.replace('_', ' ')}",
                    [({}, ck[key])])
     moe = s.get("moe") or {}
     if _number(moe.get("slots")):

@@ -300,6 +300,13 @@ def test_the_next_turn_resumes_at_a_window_checkpoint(engine_oa, harmony_dir):
     tok = Tokenizer.from_dir(harmony_dir)
     anchors = Anchors.for_tokenizer(tok)
     assert {tok.token_to_id(m) for m in ("<|end|>", "<|call|>")} == {m[0] for m in anchors.after if len(m) == 1}
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "read_file", "arguments": '{"path":"a.txt"}'}}]}
+    result = {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "hello"}
+    ends_query = lambda messages: anchors.ends_a_query(tok.encode(tok.apply_chat_template(messages, TOOLS)))
+    ask = [{"role": "user", "content": "read a.txt"}]
+    assert ends_query(ask) and not ends_query(ask + [call, result])    # a query's end is kept longest
+    assert ends_query(ask + [call, result, {"role": "user", "content": "and b.txt?"}])
     client, server = engine_oa
     status = lambda: httpx.get(server.url + "/v1/cache/status").json()["state_checkpoints"]
     first = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "hi there"}]
