@@ -89,8 +89,10 @@ def _arrays(w):
 
 
 def kv_bytes_per_token(cfg, kv_itemsize: int, context: int) -> int:
-    """KV cache bytes attention reads for one decode token at this context length."""
-    return 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * kv_itemsize * context
+    """KV cache bytes attention reads for one decode token at this context length (a sliding
+    layer's: its window's positions)."""
+    window = len(cfg.sliding_layers) * min(context, cfg.sliding_window) if cfg.sliding_kv else 0
+    return 2 * (len(cfg.attention_layers) * context + window) * cfg.num_kv_heads * cfg.head_dim * kv_itemsize
 
 
 # --- runs -------------------------------------------------------------------------------------

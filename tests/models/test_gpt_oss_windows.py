@@ -124,3 +124,29 @@ def test_the_plan_counts_the_full_layers_per_token_and_the_rings_per_request():
     plan = make_plan(cfg, config, replace(GPU, free_device_bytes=24 << 30))
     assert plan.state_rows == 4 and plan.memory.state_bytes == 4 * WindowPool.bytes_per_row(cfg, 8192, 2)
     assert plan.prefix_cache and plan.checkpoint_host_bytes >= checkpoint_bytes(cfg, 2)
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_concurrent_requests_aborts_and_a_kv_resize_leave_no_row_behind(backend):
+    """Five prompts sharing prefixes on three rows, in one batch (prefill chunks holding several
+    requests, decode steps of three): each writes what it writes alone without a prefix cache.
+    Then an aborted request and a KV-pool resize: every row is free again, the tree is consistent,
+    and the engine still answers as before. cuda: decode batches of 1 to 3 replay CUDA graphs."""
+    rng = np.random.default_rng(7)
+    base = rng.integers(10, 4000, 30).tolist()
+    prompts = [base[:n] + rng.integers(10, 4000, m).tolist() for n, m in ((30, 5), (25, 9), (30, 1), (12, 20), (0, 17))]
+    kw = dict(backend=backend, state_checkpoint_interval=8, chunked_prefill_size=24, max_running_requests=3, **EXACT)
+    cached, plain = LLM(str(FIXTURE / "fp32"), **kw), LLM(str(FIXTURE / "fp32"), enable_prefix_cache=False, **kw)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    generate(cached, [base])                               # its checkpoints, for the batch to resume from
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [o.token_ids for o in cached.generate(prompts, params)] == want
+    core = cached.core
+    assert core.checkpoints.counters.hits >= 3
+    req = core.add_request(prompts[0], SamplingParams(max_tokens=50, ignore_eos=True))
+    core.step()
+    core.abort(req)
+    assert core.states.num_free == 3
+    core.rebuild_cache(num_kv_tokens=core.kv.num_slots // 2)
+    assert core.states.num_free == 3 and core.prefix_cache.size == 0 and len(core.checkpoints) == 0
+    assert [o.token_ids for o in cached.generate(prompts[:2], params)] == want[:2]
