@@ -150,3 +150,12 @@ def test_concurrent_requests_aborts_and_a_kv_resize_leave_no_row_behind(backend)
     core.rebuild_cache(num_kv_tokens=core.kv.num_slots // 2)
     assert core.states.num_free == 3 and core.prefix_cache.size == 0 and len(core.checkpoints) == 0
     assert [o.token_ids for o in cached.generate(prompts[:2], params)] == want[:2]
+
+
+def test_without_checkpoint_memory_the_prefix_cache_is_off_and_says_why():
+    """A cached prefix carries no sliding KV: with --state-checkpoint-mb 0 there is nothing to resume
+    from, so the plan turns the prefix cache off and its decision says why; requests still run."""
+    llm = LLM(str(FIXTURE / "fp32"), backend="cpu", state_checkpoint_mb=0)
+    (prefix,) = [d for d in llm.core.plan.decisions if d.name == "prefix cache"]
+    assert prefix.value == "off" and "sliding-window model" in prefix.why and llm.core.prefix_cache is None
+    assert len(generate(llm, [[5, 6, 7]], n=3)[0].token_ids) == 3 and llm.core.states.num_free == llm.core.states.rows
