@@ -89,10 +89,12 @@ def _arrays(w):
 
 
 def kv_bytes_per_token(cfg, kv_itemsize: int, context: int) -> int:
-    """KV cache bytes attention reads for one decode token at this context length (a sliding
-    layer's: its window's positions)."""
-    window = len(cfg.sliding_layers) * min(context, cfg.sliding_window) if cfg.sliding_kv else 0
-    return 2 * (len(cfg.attention_layers) * context + window) * cfg.num_kv_heads * cfg.head_dim * kv_itemsize
+    """KV cache bytes attention reads for one decode token at this context length: the full
+    layers' at every position (the plan's per-token bytes), a sliding layer's at its window's."""
+    from freetoken.engine.plan_memory import checkpoint_bytes, kv_bytes_per_token as full_layers
+    W = cfg.sliding_window
+    window = checkpoint_bytes(cfg, kv_itemsize) * min(context, W) // W if cfg.sliding_kv else 0
+    return full_layers(cfg, kv_itemsize) * context + window
 
 
 # --- runs -------------------------------------------------------------------------------------

@@ -11,18 +11,17 @@ from __future__ import annotations
 AFTER = ("<|im_end|>", "</think>", "</tool_response>",
          "<|end|>", "<|call|>")   # harmony's (gpt-oss): a message's end, a tool call's end
 BEFORE = ("<tool_call>",)
-# a user message opens with USER_TURN; a tool result is a user message that starts with TOOL_RESULT
-# (Qwen), or a message of its own (harmony: HARMONY_USER, and HARMONY_TOOL with the tool's name)
-USER_TURN, TOOL_RESULT = "<|im_start|>user", "<tool_response>"
-HARMONY_USER, HARMONY_TOOL = "<|start|>user", "<|start|>functions."
+# (a user message's opener, a tool result's opener) of each template family: Qwen's tool result
+# sits inside a user message, harmony's is a message of its own (role functions.NAME); either way
+# the prompt ends a query when its last user opener comes after its last tool-result opener
+TURNS = (("<|im_start|>user", "<tool_response>"), ("<|start|>user", "<|start|>functions."))
 
 
 class Anchors:
     def __init__(self, after: list[tuple[int, ...]], before: list[tuple[int, ...]], interval: int = 0,
-                 user_turn: tuple[int, ...] = (), tool_result: tuple[int, ...] = (), harmony_turns=None):
+                 user_turn: tuple[int, ...] = (), tool_result: tuple[int, ...] = ()):
         self.after, self.before, self.interval = after, before, interval
         self.user_turn, self.tool_result = user_turn, tool_result
-        self.harmony_turns = harmony_turns    # (user turn, tool turn) markers of a harmony template, or None
 
     @classmethod
     def for_tokenizer(cls, tokenizer, semantic: bool = True, interval: int = 0) -> "Anchors":
@@ -30,10 +29,8 @@ class Anchors:
         template = tokenizer.chat_template or ""
         seq = lambda text: tuple(tokenizer.encode(text))
         pick = lambda markers: [seq(m) for m in markers if m in template and seq(m)] if semantic else []
-        user, result = (pick((m,)) or [()] for m in (USER_TURN, TOOL_RESULT))
-        harmony = [pick((m,)) for m in (HARMONY_USER, HARMONY_TOOL)]
-        return cls(pick(AFTER), pick(BEFORE), interval, user[0], result[0],
-                   tuple(m[0] for m in harmony) if all(harmony) else None)
+        turns = next((found for found in map(pick, TURNS) if len(found) == 2), ((), ()))
+        return cls(pick(AFTER), pick(BEFORE), interval, *turns)
 
     @property
     def openers(self) -> frozenset:
@@ -61,18 +58,10 @@ class Anchors:
         """The prompt's last user message is a real query, not a tool result. The template then
         renders everything after it differently once the next query arrives (Qwen3's drops every
         earlier thinking block), so the state at such a prompt's end is worth keeping long."""
-        if self.harmony_turns is not None:          # the last user message after the last tool result
-            user, tool = (_last(ids, marker) for marker in self.harmony_turns)
-            return user is not None and (tool is None or user > tool)
-        n = len(self.user_turn)
-        if not n or not self.tool_result:
+        if not self.user_turn or not self.tool_result:
             return False
-        last = _last(ids, self.user_turn)
-        if last is None:
-            return False
-        body = ids[last + n:last + n + len(self.tool_result) + 2]      # after the role's newline
-        m = len(self.tool_result)
-        return not any(tuple(body[i:i + m]) == self.tool_result for i in range(len(body) - m + 1))
+        user, tool = _last(ids, self.user_turn), _last(ids, self.tool_result)
+        return user is not None and (tool is None or user > tool)
 
 
 def _last(ids: list[int], marker: tuple[int, ...]) -> int | None:

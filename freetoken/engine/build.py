@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import fields, replace
 
-import numpy as np
-
 from freetoken.engine.kv_pool import KVPool
+from freetoken.engine.plan import kv_array_dtype
+from freetoken.engine.plan_memory import state_pool_class
+from freetoken.engine.state_pool import StatePool
 from freetoken.log import logger
 
 
@@ -105,29 +106,27 @@ def placed(lw, dev):
 def make_kv_pool(cfg, plan, xp) -> KVPool:
     """One KV array per full-attention layer (GDN layers keep no KV, sliding layers keep theirs per
     request: engine/window_pool.py), of the plan's size and dtype."""
-    dtype = np.float32 if plan.kv_dtype == "float32" else np.uint16
-    return KVPool(len(cfg.attention_layers), plan.kv_tokens, cfg.num_kv_heads, cfg.head_dim, dtype, xp)
+    return KVPool(len(cfg.attention_layers), plan.kv_tokens, cfg.num_kv_heads, cfg.head_dim,
+                  kv_array_dtype(plan.kv_dtype), xp)
 
 
 def make_states(cfg, plan, xp, chunk: int):
     """The per-request state pool (one row per running request): a GDN model's recurrent states, a
     sliding-window model's rings of its sliding layers' KV (``chunk``: the prefill chunk, which
     sizes the ring); None for a model without."""
-    if not plan.state_rows:
+    pool = state_pool_class(cfg)
+    if not plan.state_rows or pool is None:
         return None
-    if cfg.sliding_kv:
-        return _window_pool(cfg, plan, xp, chunk)
-    from freetoken.engine.state_pool import StatePool
+    if pool is not StatePool:
+        return _window_pool(pool, cfg, plan, xp, chunk)
     states = StatePool.for_model(cfg, plan.state_rows, xp)
     logger.info("recurrent-state pool: %d rows x %d GDN layers (%.1f MiB a request, %.1f MiB in all, fp32)",
                 plan.state_rows, len(cfg.linear_layers), StatePool.bytes_per_row(cfg) / 2**20, states.bytes / 2**20)
     return states
 
 
-def _window_pool(cfg, plan, xp, chunk: int):
-    from freetoken.engine.window_pool import WindowPool
-    dtype = np.float32 if plan.kv_dtype == "float32" else np.uint16
-    pool = WindowPool.for_model(cfg, plan.state_rows, chunk, dtype, plan.context_len, xp)
+def _window_pool(window_pool, cfg, plan, xp, chunk: int):
+    pool = window_pool.for_model(cfg, plan.state_rows, chunk, kv_array_dtype(plan.kv_dtype), plan.context_len, xp)
     logger.info("sliding-window KV: %d rows x %d sliding layers, a ring of %d positions each (window %d + "
                 "pieces of %d; %.1f MiB a request, %.1f MiB in all); the %d full layers keep theirs in the KV pool",
                 plan.state_rows, len(cfg.sliding_layers), pool.ring, pool.window, pool.piece,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from freetoken.config import ConfigError, EngineConfig, ModelConfig
 from freetoken.engine.plan_checks import check_config
 from freetoken.engine.plan_memory import (GB, GpuMemory, checkpoint_bytes, host_kv_tokens, kv_bytes_per_token,
@@ -139,7 +141,12 @@ def _kv_dtype(config: EngineConfig, facts: DeviceFacts) -> Decision:
 
 
 def kv_itemsize(kv_dtype: str) -> int:
-    return 4 if kv_dtype == "float32" else 2
+    return np.dtype(kv_array_dtype(kv_dtype)).itemsize
+
+
+def kv_array_dtype(kv_dtype: str):
+    """The dtype KV arrays are stored in: fp32, or bf16 as its bits (uint16)."""
+    return np.float32 if kv_dtype == "float32" else np.uint16
 
 
 def weight_itemsize(facts: DeviceFacts) -> int:

@@ -74,26 +74,29 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_itemsize: int) -> int:
     return 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * kv_itemsize
 
 
-def state_bytes(cfg: ModelConfig, running: int, chunk: int, kv_itemsize: int) -> int:
-    """The per-request state pool, one row per running request: a GDN model's fp32 recurrent
-    states (engine/state_pool.py), a sliding-window model's rings (engine/window_pool.py)."""
+def state_pool_class(cfg: ModelConfig):
+    """The one choice of a model's per-request state pool: a GDN model's fp32 recurrent states
+    (engine/state_pool.py), a sliding-window model's rings (engine/window_pool.py), or None. The
+    plan sizes it and engine/build.py builds it from this answer."""
     if cfg.has_gdn:
         from freetoken.engine.state_pool import StatePool
-        return StatePool.bytes_per_row(cfg) * running
+        return StatePool
     if cfg.sliding_kv:
         from freetoken.engine.window_pool import WindowPool
-        return WindowPool.bytes_per_row(cfg, chunk, kv_itemsize) * running
-    return 0
+        return WindowPool
+    return None
+
+
+def state_bytes(cfg: ModelConfig, running: int, chunk: int, kv_itemsize: int) -> int:
+    """The per-request state pool, one row per running request."""
+    pool = state_pool_class(cfg)
+    return pool.bytes_per_row(cfg, chunk, kv_itemsize) * running if pool is not None else 0
 
 
 def checkpoint_bytes(cfg: ModelConfig, kv_itemsize: int) -> int:
     """One state checkpoint (engine/checkpoints.py): a GDN state row, or W positions of every
     sliding layer's KV."""
-    if cfg.has_gdn:
-        from freetoken.engine.state_pool import StatePool
-        return StatePool.bytes_per_row(cfg)
-    from freetoken.engine.window_pool import WindowPool
-    return WindowPool.checkpoint_bytes(cfg, kv_itemsize)
+    return state_pool_class(cfg).checkpoint_bytes(cfg, kv_itemsize)
 
 
 def workspace_bytes(cfg: ModelConfig, ec: EngineConfig, context: int) -> int:

@@ -24,10 +24,16 @@ class StatePool:
                    cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, xp)
 
     @staticmethod
-    def bytes_per_row(cfg) -> int:
+    def bytes_per_row(cfg, chunk: int = 0, kv_itemsize: int = 4) -> int:
+        """One row, fp32 whatever the KV's dtype and the prefill chunk (WindowPool's signature)."""
         per_layer = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim + \
             cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
         return 4 * per_layer * len(cfg.linear_layers)
+
+    @staticmethod
+    def checkpoint_bytes(cfg, kv_itemsize: int = 4) -> int:
+        """A checkpoint is one whole row."""
+        return StatePool.bytes_per_row(cfg)
 
     def layer(self, j: int):
         """(conv states [N, K-1, C], rule states [N, Hv, Dk, Dv]) of GDN layer j, written in place."""

@@ -38,6 +38,7 @@ class WindowPool:
         # ring index of every context position, made once: a step's table is one add on it
         self.columns = xp.asarray(np.arange(context, dtype=np.int32) % self.ring)   # int32[C]
         self._free = list(range(rows - 1, -1, -1))
+        self._captured = (None, None)    # (position, device ring index) of the last capture
 
     @classmethod
     def for_model(cls, cfg, rows: int, chunk: int, dtype, context: int, xp=np) -> "WindowPool":
@@ -46,12 +47,11 @@ class WindowPool:
 
     @staticmethod
     def bytes_per_row(cfg, chunk: int, itemsize: int) -> int:
-        ring = cfg.sliding_window + piece_size(chunk)
-        return 2 * len(cfg.sliding_layers) * ring * cfg.num_kv_heads * cfg.head_dim * itemsize
+        return _kv_bytes(cfg, cfg.sliding_window + piece_size(chunk), itemsize)
 
     @staticmethod
     def checkpoint_bytes(cfg, itemsize: int) -> int:
-        return 2 * len(cfg.sliding_layers) * cfg.sliding_window * cfg.num_kv_heads * cfg.head_dim * itemsize
+        return _kv_bytes(cfg, cfg.sliding_window, itemsize)
 
     @property
     def bytes(self) -> int:
@@ -84,8 +84,11 @@ class WindowPool:
         return {"k": self.k[:, at], "v": self.v[:, at]}
 
     def capture(self, kind: str, j: int, ring, position: int):
-        """What a checkpoint keeps of one sliding layer's ring [R, G, D] of a row handed to its sink."""
-        return ring[self._xp.asarray(self._window_index(position))]
+        """What a checkpoint keeps of one sliding layer's ring [R, G, D] of a row handed to its sink
+        (called for k and v of every sliding layer at one position: the index is made once)."""
+        if self._captured[0] != position:
+            self._captured = (position, self._xp.asarray(self._window_index(position)))
+        return ring[self._captured[1]]
 
     def write(self, row: int, position: int, parts: dict) -> None:
         """Row `row` resumes at `position` from a checkpoint's parts (device arrays)."""
@@ -110,6 +113,11 @@ class WindowPool:
     def free(self, row: int) -> None:
         assert row not in self._free, "window row freed twice"
         self._free.append(row)
+
+
+def _kv_bytes(cfg, positions: int, itemsize: int) -> int:
+    """Keys and values of `positions` positions of every sliding layer."""
+    return 2 * len(cfg.sliding_layers) * positions * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
 def piece_size(chunk: int) -> int:

@@ -383,17 +383,16 @@ def gpu(x, ids, weights, gate_up, down, out, *, bias=None, glu=None):
         raise IndexError("experts: expert id out of range")
     part = _carve(x, _layout(T, k, H, I, S))
     run = _decode if T <= GEMV_MAX_T else _prefill
-    run(_cuda, _Banks(_cuda, gate_up, down, _glu_args(x, bias, glu, S, I, H)), x, ids, weights,
+    run(_cuda, _Banks(_cuda, gate_up, down, _kernel_glu_args(x, bias, glu, S, I, H)), x, ids, weights,
         out, part, k, H, I, S)
     return out
 
 
-def _glu_args(x, bias, glu, S, I, H) -> dict:
+def _kernel_glu_args(x, bias, glu, S, I, H) -> dict:
     """The kernels' bias= and glu= arguments per bank (cuda/experts_impl.cuh's Glu): without a
     bias its pointer is x's, unread (use_bias 0)."""
     if bias is not None:
-        gub, dnb = bias
-        assert gub.shape == (S, 2 * I) and dnb.shape == (S, H), (gub.shape, dnb.shape, (S, I, H))
+        experts_glu.check_biases(*bias, S, I, H)
     gub, dnb = (x, x) if bias is None else bias
     alpha, limit = (0.0, 0.0) if glu is None else glu
     use = int(bias is not None)

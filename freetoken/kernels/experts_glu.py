@@ -46,9 +46,14 @@ def biases(bias, S, I, H):
     if bias is None:
         return None
     gub, dnb = (np.ascontiguousarray(b, np.float32) for b in bias)
+    check_biases(gub, dnb, S, I, H)
+    return gub, dnb
+
+
+def check_biases(gub, dnb, S, I, H) -> None:
+    """ValueError unless gate_up's biases are [S,2I] and down's [S,H] (host or device arrays)."""
     if gub.shape != (S, 2 * I) or dnb.shape != (S, H):
         raise ValueError(f"experts: biases {gub.shape} and {dnb.shape}, expected {(S, 2 * I)} and {(S, H)}")
-    return gub, dnb
 
 
 @njit(**SERIAL)

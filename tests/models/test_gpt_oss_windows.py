@@ -126,6 +126,25 @@ def test_the_plan_counts_the_full_layers_per_token_and_the_rings_per_request():
     assert plan.prefix_cache and plan.checkpoint_host_bytes >= checkpoint_bytes(cfg, 2)
 
 
+# docs/performance.md's table: (preset, context) -> (KV tokens, expert-cache slots) on a 24 GB GPU
+PLAN_TABLE = {("gpt-oss-20b", 32768): (131072, 291), ("gpt-oss-20b", 131072): (180376, 267),
+              ("gpt-oss-120b", 32768): (115523, 256), ("gpt-oss-120b", 131072): (131072, 245)}
+
+
+@pytest.mark.parametrize("preset,context", list(PLAN_TABLE))
+def test_the_memory_table_in_performance_md(preset, context):
+    from dataclasses import replace
+    from freetoken.config import EngineConfig
+    from freetoken.engine.plan import make_plan
+    from freetoken.models.hf_config import model_config_from_dict
+    from freetoken.models.synth_gpt_oss import PRESETS
+    from tests.models.test_gpt_oss_parity import GPU
+    cfg = model_config_from_dict(PRESETS[preset].hf_config())
+    config = EngineConfig(model="synth:" + preset, max_model_len=context, max_running_requests=4, kv_dtype="bfloat16")
+    plan = make_plan(cfg, config, replace(GPU, free_device_bytes=24 << 30))
+    assert (plan.kv_tokens, plan.moe.slots) == PLAN_TABLE[preset, context]
+
+
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_concurrent_requests_aborts_and_a_kv_resize_leave_no_row_behind(backend):
     """Five prompts sharing prefixes on three rows, in one batch (prefill chunks holding several
