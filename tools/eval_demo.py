@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import agent_corpus as corpus  # noqa: E402
-from train_demo import masked  # noqa: E402
+import oss_demo  # noqa: E402
+from train_demo import _between_backticks, masked  # noqa: E402
 
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
 
@@ -46,9 +46,13 @@ def schema_valid(args, schema: dict) -> bool:
     return True
 
 
-def first_call(text: str):
-    """(name, arguments) of the first <tool_call> in text, None when there is none that parses."""
+def first_call(text: str, harmony: bool = False):
+    """(name, arguments) of the first <tool_call> (harmony: message to functions.NAME) in text,
+    None when there is none that parses."""
     from freetoken.server.toolcalls import parse_calls
+    if harmony:
+        call = next((c for kind, c in harmony_parts(text) if kind == "call"), None)
+        return None if call is None else (call.name, json.loads(call.arguments))
     if "<tool_call>" not in text:
         return None
     body = text.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0]
@@ -61,13 +65,24 @@ def first_call(text: str):
         return None
 
 
+def harmony_parts(text: str) -> list:
+    from freetoken.server.harmony import HarmonyParser
+    parser = HarmonyParser()
+    return parser.feed(text) + parser.finish()
+
+
+def reply_text(text: str, harmony: bool) -> str:
+    """The answer's text: harmony's final (and plain commentary) messages, or the whole output."""
+    return "".join(t for kind, t in harmony_parts(text) if kind == "content") if harmony else text
+
+
 def cases(n: int, seed: int) -> list[dict]:
     """Held-out conversations cut at their first tool-needing request."""
     rng = random.Random(seed)
     files, hs, out = corpus.Files(rng, corpus.stdlib_files()), corpus.harnesses(), []
     while len(out) < n:
         c = corpus.conversation(rng, files, hs)
-        msgs = c["messages"]
+        msgs = oss_demo.harmony_messages(c["messages"])
         i = next((k for k, m in enumerate(msgs) if m.get("tool_calls")), None)
         if i is None:
             continue
@@ -81,13 +96,17 @@ def cases(n: int, seed: int) -> list[dict]:
 
 def tool_calls(llm, items, constrained: bool) -> dict:
     from freetoken import SamplingParams
-    from freetoken.grammar import tool_call_grammar
-    rows = []
+    from freetoken.grammar import harmony_tool_call_grammar, tool_call_grammar
+    harmony, rows = llm.tokenizer.speaks_harmony, []
+    grammar = harmony_tool_call_grammar if harmony else tool_call_grammar
     for it in items:
         ids = llm.chat_prompt(it["prompt"], tools=it["tools"])
-        params = SamplingParams(max_tokens=128, grammar=tool_call_grammar(it["tools"]) if constrained else None)
+        params = SamplingParams(max_tokens=128, grammar=grammar(it["tools"]) if constrained else None,
+                                skip_special_tokens=not harmony)
         text = llm.generate(ids, params)[0].text
-        got, want = first_call(text), it["call"][0]["function"]
+        got, want = first_call(text, harmony), it["call"][0]["function"]
+        want = {**want, "arguments": json.loads(want["arguments"]) if isinstance(want["arguments"], str)
+                else want["arguments"]}
         schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in it["tools"]}
         listed = got is not None and got[0] in schemas
         rows.append({"harness": it["harness"], "well_formed": got is not None, "listed": listed,
@@ -109,10 +128,11 @@ def summarize(rows: list[dict]) -> dict:
 
 def answers(llm, items) -> dict:
     from freetoken import SamplingParams
-    hits, samples = [], []
+    hits, samples, harmony = [], [], llm.tokenizer.speaks_harmony
     for it in items:
         ids = llm.chat_prompt(it["after"], tools=it["tools"])
-        text = llm.generate(ids, SamplingParams(max_tokens=96))[0].text
+        text = reply_text(llm.generate(ids, SamplingParams(max_tokens=96, skip_special_tokens=not harmony))[0].text,
+                          harmony)
         hits.append(text.strip() == it["answer"].strip())
         if len(samples) < 3:
             samples.append({"harness": it["harness"], "request": it["prompt"][-1]["content"], "reply": text})
@@ -123,7 +143,8 @@ def heldout_loss(llm, texts: list[str]) -> float:
     from freetoken import SamplingParams
     total, count = 0.0, 0
     for text in texts:
-        ids, mask = masked(llm.tokenizer, text)
+        ids, mask = (oss_demo.masked(llm.tokenizer, text, 1.0, _between_backticks) if llm.tokenizer.speaks_harmony
+                     else masked(llm.tokenizer, text))
         ids, mask = ids[:2048 - 1], mask[:2048 - 1]
         out = llm.generate(ids, SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
         for lp, m in zip(out.prompt_logprobs[1:], mask[1:]):
@@ -167,7 +188,7 @@ def main(argv=None) -> None:
     out.write_text(json.dumps(result, indent=1) + "\n")
     if args.readme:
         from model_card import write_card
-        write_card(Path(args.model), result)
+        (oss_demo.write_card if llm.tokenizer.speaks_harmony else write_card)(Path(args.model), result)
     print(json.dumps({k: v for k, v in result.items() if k != "answers"}, indent=1))
     print(json.dumps(result["answers"], indent=1))
 

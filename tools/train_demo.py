@@ -35,15 +35,20 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import agent_corpus as corpus  # noqa: E402
+import oss_demo  # noqa: E402
 
 TEMPLATE = ROOT / "tools" / "agent_template.jinja"
 PREDECESSOR = ROOT / "freetoken" / "data" / "tiny-coder-moe"    # restored from git (docstring)
 ASSISTANT = "<|im_start|>assistant\n"
 
 
-def tokenizer():
+def tokenizer(arch: str = "moe", out: Path | None = None):
+    """The packaged vocabulary with the compact agent template; for --arch oss, harmony's markers
+    added and the harmony template (the tokenizer files written to out)."""
     from freetoken.models.demo import synth_tokenizer_dir
     from freetoken.tokenizer import Tokenizer
+    if arch == "oss":
+        return Tokenizer.from_dir(oss_demo.write_tokenizer(out))
     tok = Tokenizer.from_dir(synth_tokenizer_dir())
     tok.set_chat_template(TEMPLATE.read_text())
     return tok
@@ -77,7 +82,7 @@ def _between_backticks(text: str) -> list[bool]:
     return flags
 
 
-def documents(tok, rng: random.Random, n_agent: int, n_code: int, copy_weight: float = 1.0):
+def documents(tok, rng: random.Random, n_agent: int, n_code: int, copy_weight: float = 1.0, harmony=False):
     """Yield (ids, weights) documents, agent conversations and code chats interleaved at random."""
     files = corpus.Files(rng, corpus.stdlib_files())
     hs = corpus.harnesses()
@@ -86,12 +91,14 @@ def documents(tok, rng: random.Random, n_agent: int, n_code: int, copy_weight: f
     for kind in kinds:
         if kind == "agent":
             c = corpus.conversation(rng, files, hs)
-            text = tok.apply_chat_template(c["messages"], tools=c["tools"], add_generation_prompt=False)
+            messages = oss_demo.harmony_messages(c["messages"]) if harmony else c["messages"]
+            text = tok.apply_chat_template(messages, tools=c["tools"], add_generation_prompt=False)
         else:
             _, code = files.source()
             text = tok.apply_chat_template([{"role": "user", "content": "Write Python code."},
                                             {"role": "assistant", "content": code}], add_generation_prompt=False)
-        yield masked(tok, text, copy_weight if kind == "agent" else 1.0)
+        weight = copy_weight if kind == "agent" else 1.0
+        yield oss_demo.masked(tok, text, weight, _between_backticks) if harmony else masked(tok, text, weight)
 
 
 def pack(docs, seq: int, eot: int):
@@ -119,12 +126,15 @@ HYBRID = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=4,
               bos_token_id=None, eos_token_id=2, pad_token_id=0)    # the Qwen3.5/3.6-MoE layout, demo-sized
 
 
-def build_model(init: str, torch, arch: str = "moe"):
+def build_model(init: str, torch, arch: str = "moe", tok=None):
     """The model to train: --init's weights and config, or (`none`) from scratch: SHAPE for the
-    Qwen3-MoE, HYBRID for the Gated DeltaNet hybrid (--arch hybrid; transformers' Qwen3.5-MoE)."""
+    Qwen3-MoE, HYBRID for the Gated DeltaNet hybrid (--arch hybrid; transformers' Qwen3.5-MoE);
+    --arch oss: gpt-oss (tools/oss_demo.py)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     if arch == "hybrid":
         return build_hybrid(init, torch)
+    if arch == "oss":
+        return oss_demo.build(init, tok, torch)
     if init == "none":
         from freetoken.models.demo import random_config
         cfg = Qwen3MoeConfig(**{**random_config(**SHAPE), "router_aux_loss_coef": 0.01, "decoder_sparse_step": 1,
@@ -159,12 +169,13 @@ def train(args) -> dict:
     import torch
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    tok, rng = tokenizer(), random.Random(args.seed)
-    model, cfg = build_model(args.init, torch, args.arch)
+    tok, rng = tokenizer(args.arch, Path(args.out)), random.Random(args.seed)
+    model, cfg = build_model(args.init, torch, args.arch, tok)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     n_code = int(args.docs * args.code_share)
-    stream = pack(documents(tok, rng, args.docs - n_code, n_code, args.copy_weight), args.seq, eot=0)
+    docs = documents(tok, rng, args.docs - n_code, n_code, args.copy_weight, harmony=args.arch == "oss")
+    stream = pack(docs, args.seq, eot=0)
     log, t0, step = [], time.time(), 0
     while step < args.steps:
         if time.time() - t0 > 60 * args.minutes:
@@ -205,13 +216,18 @@ def save(result: dict, args) -> None:
     model = result.pop("model").to(torch.bfloat16)
     model.config.output_router_logits = False
     model.save_pretrained(out, safe_serialization=True)
+    result.pop("tok")
+    if args.arch == "oss":                 # its tokenizer files again: save_pretrained wrote a generation config
+        oss_demo.write_tokenizer(out)
+        (out / "train_log.json").write_text(json.dumps({"args": vars(args), **result}, indent=1) + "\n")
+        print(f"written {out}")
+        return
     src = ROOT / "freetoken" / "data" / "synth-tokenizer"
     shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
     shutil.copy(src / "generation_config.json", out / "generation_config.json")
     config = json.loads((src / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE.read_text()
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    result.pop("tok")
     (out / "train_log.json").write_text(json.dumps({"args": vars(args), **result}, indent=1) + "\n")
     print(f"written {out}")
 
@@ -219,8 +235,9 @@ def save(result: dict, args) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--arch", choices=("moe", "hybrid"), default="moe",
-                    help="moe: Qwen3-MoE (tiny-agent-moe); hybrid: Qwen3.5-MoE layout (Gated DeltaNet + gated attention)")
+    ap.add_argument("--arch", choices=("moe", "hybrid", "oss"), default="moe",
+                    help="moe: Qwen3-MoE (tiny-agent-moe); hybrid: Qwen3.5-MoE layout (Gated DeltaNet + gated attention); "
+                         "oss: gpt-oss speaking harmony (tiny-agent-oss)")
     ap.add_argument("--init", default=None, help="a Hugging Face directory to start from, or none "
                                                  "(default: the predecessor for moe, the packaged tiny-agent-moe for hybrid)")
     ap.add_argument("--steps", type=int, default=2400, help="optimizer steps of --batch x --seq tokens")

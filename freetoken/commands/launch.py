@@ -70,8 +70,9 @@ def _run_harness(harness, program: str, url: str, args) -> int:
     if _healthy(url) is not None:
         target = _target(url, args)
     else:                        # a dry run with no server: what the serve flags say
-        from freetoken.models.demo import DEMO_NAME
-        target = Target(url, args.served_model_name or Path(args.model or DEMO_NAME).name,
+        from freetoken.models.demo import BUILTIN, DEMO_NAME
+        model = BUILTIN.get(args.model, args.model or DEMO_NAME)         # a built-in by its short name
+        target = Target(url, args.served_model_name or Path(model).name,
                         args.max_model_len or 2048, args.api_key or "freetoken")
     home = Path(tempfile.mkdtemp(prefix=f"freetoken-{harness.name}-"))
     plan = harness.plan(target, home)
