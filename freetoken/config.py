@@ -137,7 +137,8 @@ class EngineConfig:
 
     model: str | None = _flag(None, "model directory (Hugging Face format), a GGUF file (FILE.gguf; a split set by "
                                     "its first part), synth:SPEC (an in-memory synthetic model), or a built-in "
-                                    "model: demo (tiny-agent-moe, the default) or demo-hybrid (tiny-agent-hybrid)")
+                                    "model: demo (tiny-agent-moe, the default), demo-hybrid (tiny-agent-hybrid) or "
+                                    "demo-oss (tiny-agent-oss, a gpt-oss)")
     backend: str = _flag("auto", "compute backend: auto picks cuda when a GPU is visible, else cpu",
                          ("auto", "ref", "cpu", "cuda"))
     max_running_requests: int = _flag(4, "most requests decoding at once")

@@ -1,6 +1,7 @@
 """The built-in models shipped inside the package: `tiny-agent-moe` (a small trained Qwen3-MoE
 that calls tools; the default, also `--model demo`), `tiny-agent-hybrid` (its Gated DeltaNet
-hybrid sibling in the Qwen3.5-MoE layout, `--model demo-hybrid`), and the tokenizer synthetic
+hybrid sibling in the Qwen3.5-MoE layout, `--model demo-hybrid`), `tiny-agent-oss` (a gpt-oss
+that speaks harmony, MXFP4 experts, `--model demo-oss`), and the tokenizer synthetic
 and random test models use (`synth-tokenizer`: the same vocabulary with the plain Qwen3-style
 template)."""
 from __future__ import annotations
@@ -9,7 +10,7 @@ import re
 from pathlib import Path
 
 DEMO_NAME = "tiny-agent-moe"
-BUILTIN = {"demo": DEMO_NAME, "demo-hybrid": "tiny-agent-hybrid"}   # short --model names of the packaged models
+BUILTIN = {"demo": DEMO_NAME, "demo-hybrid": "tiny-agent-hybrid", "demo-oss": "tiny-agent-oss"}   # short --model names
 DATA = Path(__file__).resolve().parents[1] / "data"      # freetoken/data
 
 
