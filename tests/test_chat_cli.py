@@ -133,3 +133,23 @@ def test_ctrl_c_at_the_prompt_leaves(inherited):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_chat_with_the_builtin_gpt_oss_shows_its_final_text_and_keeps_it():
+    """A harmony model's reply shows no markup and its final text is what the history keeps: the
+    second turn renders the first as one final message (two turns, four messages)."""
+    child = spawn("--model", "demo-oss", "--max-tokens", "40", "--temperature", "0")
+    try:
+        for line in ("say hi", "thanks"):
+            child.sendline(line)
+            child.expect(r"\[(\d+) tokens, \d+ tok/s, finish (stop|length)\]")
+            assert child.before.strip() and "<|" not in child.before, child.before
+            child.expect_exact(PROMPT)
+        child.sendline("/stats")
+        child.expect(r"conversation: 4 messages")
+        child.expect_exact(PROMPT)
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

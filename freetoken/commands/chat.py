@@ -94,18 +94,19 @@ class ChatSession:
             self.messages.pop()
             self.say(f"[error] {e}; /reset starts a new conversation")
             return "error"
-        self.messages.append({"role": "assistant", "content": reply})
+        self.messages.append(reply)
         return how
 
-    def _stream(self, prompt: list[int]) -> tuple[str, str]:
-        stream = self.llm.stream(prompt, self.params)
-        parts, how = [], None
+    def _stream(self, prompt: list[int]) -> tuple[dict, str]:
+        """(the assistant message, how the reply ended)."""
+        from freetoken.commands.channels import ReplyText
+        reply = ReplyText(self.llm, self.out)      # a harmony model's channels shown apart
+        stream = self.llm.stream(prompt, reply.params(self.params))
+        how = None
         with StopOnInterrupt() as stop, held():    # log lines after the reply, not inside it
             try:
                 for text in stream:
-                    self.out.write(text)
-                    self.out.flush()
-                    parts.append(text)
+                    reply.write(text)
                     if stop.requested:
                         how = "stopped"
                         break
@@ -113,11 +114,12 @@ class ChatSession:
                 how = "interrupted"
             finally:
                 stream.close()                # aborts the request and frees its KV slots
+        reply.finish()
         self.out.write("\n")
         self._summary(how)
         if how == "interrupted":              # the step may have stopped halfway: start cold
             self.llm.core.moe.reset()
-        return "".join(parts), how or self.llm.last_output.finish_reason
+        return reply.message(), how or self.llm.last_output.finish_reason
 
     def _summary(self, how: str | None) -> None:
         if how == "stopped":

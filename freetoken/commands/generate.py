@@ -56,10 +56,12 @@ def run(args) -> int:
         messages.append({"role": "user", "content": args.chat})
         kwargs = {"enable_thinking": False} if args.no_think else {}
         prompt = llm.chat_prompt(messages, **kwargs)
+    from freetoken.commands.channels import ReplyText
+    reply = ReplyText(llm, sys.stdout, chat=args.chat is not None)     # a --prompt's text shown raw
     with held():                              # log lines after the text, not inside it
-        for text in llm.stream(prompt, params):
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        for text in llm.stream(prompt, reply.params(params)):
+            reply.write(text)
+        reply.finish()
         sys.stdout.write("\n")
     out = llm.last_output
     m = out.metrics

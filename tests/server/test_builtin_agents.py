@@ -3,7 +3,9 @@ official openai SDK through a tool round trip: given a tool list and a request t
 the reply is a call of a listed tool with arguments that fit its schema; given the tool's result,
 the model answers in text. The statistics over held-out requests are in each model's README
 (tools/eval_demo.py); this is the path they are measured on, end to end."""
+import inspect
 import json
+from pathlib import Path
 
 import openai
 import pytest
@@ -18,6 +20,7 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
                                            "parameters": {"type": "object",
                                                           "properties": {"command": {"type": "string"}},
                                                           "required": ["command"]}}}]
+CAPTURES = Path(__file__).resolve().parent / "fixtures" / "harnesses"
 ASK = [{"role": "user", "content": "Read the file notes.txt and tell me the first word."}]
 
 
@@ -51,3 +54,27 @@ def test_a_tool_round_trip(served):
     answer = client.chat.completions.create(model=card.id, messages=messages, tools=TOOLS, max_tokens=80,
                                             temperature=0).choices[0]
     assert answer.finish_reason == "stop" and answer.message.content and not answer.message.tool_calls
+
+
+def test_codexs_captured_turns(served):
+    """Codex CLI's own requests (captured, tests/server/fixtures/harnesses/) on the Responses route:
+    the first asks for a listing and gets an exec_command call; the second, carrying the call and
+    the command's output, gets an answer message and no call."""
+    name, client = served
+    model = client.models.list().data[0].id
+    first, second = (json.loads((CAPTURES / f"codex-{n}.json").read_text().replace("<WORKDIR>", "/tmp/work"))["body"]
+                     for n in (1, 2))
+    reply = create(client, {**first, "model": model, "stream": False})
+    calls = [item for item in reply.output if item.type == "function_call"]
+    assert calls and calls[0].name == "exec_command" and "cmd" in json.loads(calls[0].arguments), reply.output
+    reply = create(client, {**second, "model": model, "stream": False})
+    assert [item.type for item in reply.output if item.type != "reasoning"] == ["message"], reply.output
+    assert reply.output_text.strip()
+
+
+def create(client, body: dict):
+    """responses.create with the captured body: the fields this SDK version has no parameter for
+    (Codex's client_metadata) travel as extra_body, as they did on the wire."""
+    known = inspect.signature(client.responses.create).parameters
+    return client.responses.create(**{k: v for k, v in body.items() if k in known},
+                                   extra_body={k: v for k, v in body.items() if k not in known})
