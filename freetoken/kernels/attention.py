@@ -220,9 +220,14 @@ def _decode(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale
                  shared_mem=4 * (rep * D + rep * CH + CH))
     entry = "attention_decode_reduce_f32"
     args = _cuda.bind(ARGS[entry], part_o=part_o, part_ml=part_ml, tok_pos=tok_pos,
-                      sinks=q if sinks is None else sinks, out=out, Hq=Hq, D=D, CH=CH, nch=nch,
+                      sinks=_sinks_arg(q, sinks), out=out, Hq=Hq, D=D, CH=CH, nch=nch,
                       window=window, use_sinks=int(sinks is not None))
     _cuda.launch(_cuda.kernel("attention", entry), (Hq, T), (THREADS,), args)
+
+
+def _sinks_arg(q, sinks):
+    """The kernels' sinks pointer: any device array when there are none (use_sinks 0: never read)."""
+    return q if sinks is None else sinks
 
 
 def _prefill(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scale, out, sinks,
@@ -233,7 +238,7 @@ def _prefill(_cuda, tag, q, k_cache, v_cache, slot_table, tok_seq, tok_pos, scal
     entry = f"attention_prefill_{tag}"
     args = _cuda.bind(ARGS[entry], q=q, k_cache=k_cache, v_cache=v_cache, slot_table=slot_table,
                       tok_seq=tok_seq, tok_pos=tok_pos, scale=scale,
-                      sinks=q if sinks is None else sinks, out=out, T=T, Hq=Hq, G=G, D=D, C=C,
+                      sinks=_sinks_arg(q, sinks), out=out, T=T, Hq=Hq, G=G, D=D, C=C,
                       window=window, use_sinks=int(sinks is not None))
     _cuda.launch(_cuda.kernel("attention", entry), (-(-T // BQ), Hq), (THREADS,), args,
                  shared_mem=4 * D * (33 + BQ))   # K tile [D][33] + queries [BQ][D]
