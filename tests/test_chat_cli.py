@@ -5,6 +5,7 @@ import re
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pexpect
@@ -24,6 +25,19 @@ def spawn(*flags, preexec_fn=None):
     return child
 
 
+@contextmanager
+def session(*flags):
+    """A chat at its prompt; on leaving, /exit must end it with status 0 (closed either way)."""
+    child = spawn(*flags)
+    try:
+        yield child
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
 def kv_stats(child):
     child.sendline("/stats")
     child.expect(KV)
@@ -33,8 +47,7 @@ def kv_stats(child):
 
 
 def test_chat_answers_reports_and_resets():
-    child = spawn("--max-tokens", "24", "--temperature", "0")
-    try:
+    with session("--max-tokens", "24", "--temperature", "0") as child:
         child.sendline("Write Python code.")
         child.expect(r"\[(\d+) tokens, \d+ tok/s, finish (stop|length)\]")
         reply = child.before
@@ -52,11 +65,6 @@ def test_chat_answers_reports_and_resets():
         child.sendline("/stats")
         child.expect(r"conversation: 0 messages")
         child.expect_exact(PROMPT)
-        child.sendline("/exit")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close(force=True)
-    assert child.exitstatus == 0
 
 
 def test_ctrl_c_stops_a_streaming_reply_and_frees_its_slots():
@@ -138,8 +146,7 @@ def test_ctrl_c_at_the_prompt_leaves(inherited):
 def test_chat_with_the_builtin_gpt_oss_shows_its_final_text_and_keeps_it():
     """A harmony model's reply shows no markup and its final text is what the history keeps: the
     second turn renders the first as one final message (two turns, four messages)."""
-    child = spawn("--model", "demo-oss", "--max-tokens", "40", "--temperature", "0")
-    try:
+    with session("--model", "demo-oss", "--max-tokens", "40", "--temperature", "0") as child:
         for line in ("say hi", "thanks"):
             child.sendline(line)
             child.expect(r"\[(\d+) tokens, \d+ tok/s, finish (stop|length)\]")
@@ -148,8 +155,3 @@ def test_chat_with_the_builtin_gpt_oss_shows_its_final_text_and_keeps_it():
         child.sendline("/stats")
         child.expect(r"conversation: 4 messages")
         child.expect_exact(PROMPT)
-        child.sendline("/exit")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close(force=True)
-    assert child.exitstatus == 0
