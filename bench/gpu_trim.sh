@@ -5,14 +5,15 @@
 #   bash bench/gpu_trim.sh leave      (before the device call: prints the size that will travel)
 #   bash bench/gpu_trim.sh restore    (after it: `git checkout` of the same paths)
 #
-# The list was read off an emulated `pytest -m gpu` run (every file it opened) on 2026-12-06. Keep
+# The list was read off an emulated `pytest -m gpu` run (every file it opened) on 2026-12-06 (the
+# built-in gpt-oss of 2026-12-07 added: no gpu test reads it). Keep
 # every tokenizer.json: the Rust tokenizer opens it outside Python, so such a trace misses it. The
 # FP8 fixture with f32 scales stays behind too (its two cuda cases are deselected by gpu_check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FIX=tests/fixtures
 LEAVE=(
-  freetoken/data/tiny-agent-hybrid/model.safetensors
+  freetoken/data/tiny-agent-hybrid/model.safetensors freetoken/data/tiny-agent-oss/model.safetensors
   $FIX/gguf/qwen35moe-f32.gguf $FIX/gguf/qwen3moe_norm-f32.gguf $FIX/gguf/qwen3next-f32.gguf
   $FIX/gguf/qwen3next-f32.expected.npz
   $FIX/gguf/qwen35moe-q8_0-fused.gguf $FIX/gguf/qwen3moe_norm-q8_0-fused.gguf
