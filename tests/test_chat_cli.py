@@ -150,7 +150,8 @@ def test_chat_with_the_builtin_gpt_oss_shows_its_final_text_and_keeps_it():
         for line in ("say hi", "thanks"):
             child.sendline(line)
             child.expect(r"\[(\d+) tokens, \d+ tok/s, finish (stop|length)\]")
-            assert child.before.strip() and "<|" not in child.before, child.before
+            reply = child.before.split("\n", 1)[1]                  # after the echoed input line
+            assert reply.strip() and "<|" not in reply, child.before
             child.expect_exact(PROMPT)
         child.sendline("/stats")
         child.expect(r"conversation: 4 messages")

@@ -1,6 +1,7 @@
 """The terminal commands' view of a reply (freetoken/commands/channels.py): a harmony model's
 analysis, tool calls and final message shown apart and kept apart in the chat history; any other
-model's text as it is. Then `generate --chat` on a gpt-oss model through the CLI."""
+model's text as it is; the chat history keeps the final text. Then `generate --chat` on a gpt-oss
+model through the CLI."""
 import io
 import subprocess
 import sys
@@ -51,3 +52,30 @@ def test_generate_chat_on_the_builtin_gpt_oss_shows_no_markup():
                           "--max-tokens", "40", "--temperature", "0"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() and "<|" not in run.stdout and "final" not in run.stdout, run.stdout
+
+
+class ScriptedLLM:
+    """What ChatSession uses of an LLM: a harmony tokenizer, the prompts it was given, a scripted reply."""
+    tokenizer = SimpleNamespace(speaks_harmony=True)
+    last_output = SimpleNamespace(metrics={"generated_tokens": 4, "decode_tok_s": 1.0}, finish_reason="stop")
+
+    def __init__(self):
+        self.prompts = []
+
+    def chat_prompt(self, messages, **kwargs):
+        self.prompts.append([dict(m) for m in messages])
+        return [1]
+
+    def stream(self, prompt, params):
+        assert params.skip_special_tokens is False
+        yield from HARMONY
+
+
+def test_the_chat_history_keeps_the_final_text_and_the_analysis_apart():
+    from freetoken.commands.chat import ChatSession
+    llm, out = ScriptedLLM(), io.StringIO()
+    session = ChatSession(llm, SamplingParams(), None, {}, out=out)
+    session.turn("what is 2 + 2?")
+    session.turn("thanks")
+    assert llm.prompts[1][1] == {"role": "assistant", "content": "4", "reasoning_content": "Two and two."}
+    assert "[analysis] Two and two.\n4\n" in out.getvalue()

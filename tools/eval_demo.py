@@ -76,13 +76,14 @@ def reply_text(text: str, harmony: bool) -> str:
     return "".join(t for kind, t in harmony_parts(text) if kind == "content") if harmony else text
 
 
-def cases(n: int, seed: int) -> list[dict]:
-    """Held-out conversations cut at their first tool-needing request."""
+def cases(n: int, seed: int, harmony: bool = False) -> list[dict]:
+    """Held-out conversations cut at their first tool-needing request (harmony: the calls'
+    arguments as compact JSON text, as tools/oss_demo.py trains them)."""
     rng = random.Random(seed)
     files, hs, out = corpus.Files(rng, corpus.stdlib_files()), corpus.harnesses(), []
     while len(out) < n:
         c = corpus.conversation(rng, files, hs)
-        msgs = oss_demo.harmony_messages(c["messages"])
+        msgs = oss_demo.harmony_messages(c["messages"]) if harmony else c["messages"]
         i = next((k for k, m in enumerate(msgs) if m.get("tool_calls")), None)
         if i is None:
             continue
@@ -90,7 +91,7 @@ def cases(n: int, seed: int) -> list[dict]:
         out.append({"harness": "claude" if c["tools"][0]["function"]["name"] == "Agent" else
                     "codex" if c["tools"][0]["function"]["name"] == "exec_command" else "generic",
                     "prompt": msgs[:i], "call": msgs[i]["tool_calls"], "after": msgs[:j], "answer": msgs[j]["content"],
-                    "tools": c["tools"], "full": c})
+                    "tools": c["tools"], "full": {**c, "messages": msgs}})
     return out
 
 
@@ -176,7 +177,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     from freetoken import LLM
     llm = LLM(args.model, backend="cpu", max_model_len=2048)
-    items = cases(args.conversations, args.seed)
+    items = cases(args.conversations, args.seed, llm.tokenizer.speaks_harmony)
     agent_texts = [llm.tokenizer.apply_chat_template(it["full"]["messages"], tools=it["tools"],
                                                      add_generation_prompt=False) for it in items[:60]]
     result = {"heldout_loss_agent": heldout_loss(llm, agent_texts),

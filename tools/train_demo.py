@@ -14,7 +14,9 @@ on the standard library; in git at 4b99d58:freetoken/data/tiny-coder-moe, restor
 from scratch. Writes the Hugging Face directory (bf16 safetensors, tokenizer with the agent template)
 and train_log.json; tools/eval_demo.py then measures it and writes the README's numbers.
 Deterministic for a seed on one machine: one data order, torch.manual_seed, a step-based
-schedule, 2 threads (--minutes only cuts a run short, and says so).
+schedule, 2 threads (--minutes only cuts a run short, and says so). --arch oss trains the built-in
+gpt-oss (tools/oss_demo.py: harmony's markers and template, transplanted from tiny-agent-moe); the
+packaged one then had its experts written as MXFP4 (`python tools/oss_demo.py quantize DIR`).
 """
 from __future__ import annotations
 
@@ -238,8 +240,9 @@ def main(argv=None) -> None:
     ap.add_argument("--arch", choices=("moe", "hybrid", "oss"), default="moe",
                     help="moe: Qwen3-MoE (tiny-agent-moe); hybrid: Qwen3.5-MoE layout (Gated DeltaNet + gated attention); "
                          "oss: gpt-oss speaking harmony (tiny-agent-oss)")
-    ap.add_argument("--init", default=None, help="a Hugging Face directory to start from, or none "
-                                                 "(default: the predecessor for moe, the packaged tiny-agent-moe for hybrid)")
+    ap.add_argument("--init", default=None, help="a Hugging Face directory to start from, or none (default: the "
+                                                 "predecessor for moe, the packaged tiny-agent-moe for hybrid and oss; "
+                                                 "oss needs a directory)")
     ap.add_argument("--steps", type=int, default=2400, help="optimizer steps of --batch x --seq tokens")
     ap.add_argument("--minutes", type=float, default=60, help="stop early past this wall time (logged)")
     ap.add_argument("--docs", type=int, default=200_000, help="documents drawn (the run stops at --minutes)")
@@ -252,6 +255,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.arch == "oss" and args.init == "none":
+        ap.error("--arch oss starts from a model directory (a Qwen3-MoE to transplant or a gpt-oss to continue)")
     if args.init is None:
         args.init = str(PREDECESSOR if args.arch == "moe" else ROOT / "freetoken" / "data" / "tiny-agent-moe")
     np.random.seed(args.seed)

@@ -35,6 +35,9 @@ class ReplyText:
         msg = {"role": "assistant", "content": "".join(self.content)}
         if self.reasoning:
             msg["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in self.calls]
         return msg
 
     def _show(self, kind: str, part) -> None:

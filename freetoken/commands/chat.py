@@ -114,7 +114,7 @@ class ChatSession:
                 how = "interrupted"
             finally:
                 stream.close()                # aborts the request and frees its KV slots
-        reply.finish()
+            reply.finish()                    # a cut-off call's log line after the reply too
         self.out.write("\n")
         self._summary(how)
         if how == "interrupted":              # the step may have stopped halfway: start cold

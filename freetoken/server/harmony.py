@@ -135,4 +135,6 @@ def _parsed_call(name: str, body: str) -> ParsedCall | None:
     if not isinstance(args, dict) or not name:
         logger.warning("a harmony tool call that does not parse was dropped: %s %s", name, repr(body.strip()[:120]))
         return None
-    return ParsedCall(name, json.dumps(args, ensure_ascii=False))
+    # the arguments as the model wrote them (the grammar's compact JSON): a harness sends them back in
+    # the next request, and the template renders that text, so the model reads its own form again
+    return ParsedCall(name, body.strip() or "{}")

@@ -241,7 +241,7 @@ def test_auto_holds_the_call_a_model_opens_to_a_listed_tool(engine_oa, harmony_d
                                            logit_bias=bias, temperature=0, messages=[{"role": "user", "content": "hi"}])
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name in ("read_file", "delete_file") and reply.choices[0].finish_reason == "tool_calls"
-    assert json.loads(call.function.arguments)["path"] in ("a.txt", "b.txt")
+    assert call.function.arguments in ('{"path":"a.txt"}', '{"path":"b.txt"}')     # as the model wrote them
 
 
 def test_anthropic_tool_choice_any_is_a_tool_use_block(engine_oa):
