@@ -43,7 +43,7 @@ CASES = {
     "two calls in a row": (
         "<|channel|>commentary to=functions.a<|message|>{\"x\":1}<|call|><|start|>assistant<|channel|>commentary "
         "to=functions.b<|message|>{\"y\":\"z\"}<|call|>",
-        [("call", ParsedCall("a", '{"x": 1}')), ("call", ParsedCall("b", '{"y": "z"}'))]),
+        [("call", ParsedCall("a", '{"x":1}')), ("call", ParsedCall("b", '{"y":"z"}'))]),   # as written
     "a call that is no JSON object is dropped": (
         "<|channel|>commentary to=functions.f<|message|>[1, 2<|call|>", []),
     "a built-in tool's message is dropped": (
