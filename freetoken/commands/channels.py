@@ -11,16 +11,15 @@ from dataclasses import replace
 class ReplyText:
     def __init__(self, llm, out, chat: bool = True):
         self.out = out
-        self.harmony = chat and llm.tokenizer.speaks_harmony        # a raw completion is shown as it is
         self.content, self.reasoning, self.calls = [], [], []
         self._parser, self._kind = None, None          # _kind: what the last text shown was
-        if self.harmony:
+        if chat and llm.tokenizer.speaks_harmony:      # a raw completion is shown as it is
             from freetoken.server.harmony import HarmonyParser
             self._parser = HarmonyParser()
 
     def params(self, params):
         """The sampling params with harmony's markers kept in the text (the parser needs them)."""
-        return replace(params, skip_special_tokens=False) if self.harmony else params
+        return replace(params, skip_special_tokens=False) if self._parser else params
 
     def write(self, text: str) -> None:
         for kind, part in (self._parser.feed(text) if self._parser else [("content", text)]):

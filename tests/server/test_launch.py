@@ -129,3 +129,10 @@ def test_a_missing_harness_says_how_to_install_it():
 def test_no_server_at_an_explicit_url_is_one_line():
     done = launch("aider", "--server", f"http://127.0.0.1:{free_port()}", "--bin", sys.executable)
     assert done.returncode == 1 and "no FreeToken server answers at" in done.stderr
+
+
+def test_a_dry_run_names_a_built_in_model_as_its_server_would():
+    """--model demo-oss with no server: the harness is pointed at the packaged name, tiny-agent-oss."""
+    done = launch("codex", "--dry-run", "--model", "demo-oss", "--port", str(free_port()))
+    assert done.returncode == 0 and "(model tiny-agent-oss," in done.stderr, done.stderr
+    assert 'model="tiny-agent-oss"' in done.stdout, done.stdout
