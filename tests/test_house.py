@@ -133,7 +133,9 @@ MAX_FUNCTION_LINES = 40     # code lines per function or method
 # -> 18,480 (2026-12-07): harmony's tool_choice auto held to its message structure (grammar.py)
 # -> 18,525 (2026-12-07): the terminal commands show a harmony model's channels apart
 # (commands/channels.py, ~45 lines), the attention kernels' sinks pointer named once
-MAX_PACKAGE_LINES = 18_525
+# -> 18,540 (2026-12-08): decode attention's block kernels ask for their KV pieces ahead
+# (_simd_attn._keys_ahead, _simd_ir.prefetch_span)
+MAX_PACKAGE_LINES = 18_540
 
 
 def _module_name(path: Path) -> str:

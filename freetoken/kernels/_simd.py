@@ -155,8 +155,8 @@ def weighted_v_rows(p, v, slots, j0, j1, g, r0, d0, out):
     """out[g, r, d0:d0+V_BLOCK] += the sum over j0 <= j < j1 of p[g, r, j] * v[slots[j], g,
     d0:d0+V_BLOCK] (bf16 bits or f32), for the heads r0 .. r0+3 that exist: decode attention's
     weighted V rows (kernels/attention_decode.py), fp32 multiply-adds in slot order. Compiled by
-    kernels/_simd_attn.py with the block's sums in registers; the block at g, r0, d0 = 0 also
-    asks for whole records KV_AHEAD slots on (the slot table's order is no stream a prefetcher
+    kernels/_simd_attn.py with the block's sums in registers; a block at r0 = 0 also asks for its
+    piece of the records KV_AHEAD slots on (the slot table's order is no stream a prefetcher
     follows)."""
     heads = slice(r0, min(r0 + 4, out.shape[1]))
     rows = v[slots[j0:j1], g, d0:d0 + V_BLOCK]
@@ -169,7 +169,8 @@ def head_scores(q, k, slots, j0, g, r0, scale, s):
     """s[g, r, j] = scale * (q[g, r] . k[slots[j], g]) (bf16 bits or f32) for the heads r0 .. r0+3
     and the slots j0 .. j0+3: decode attention's scores (kernels/attention_decode.py), D a
     multiple of 16, fp32 sums in any order. Compiled by kernels/_simd_attn.py: 16 partial vectors
-    and one shuffle tree, where a dot at a time ends each in a horizontal sum."""
+    and one shuffle tree, where a dot at a time ends each in a horizontal sum; the block at r0 = 0
+    also asks for group g's keys of the 4 slots KV_AHEAD on."""
     keys = k[slots[j0:j0 + 4], g]
     keys = (keys.astype(np.uint32) << 16).view(np.float32) if keys.dtype == np.uint16 else keys
     s[g, r0:r0 + 4, j0:j0 + 4] = scale * (q[g, r0:r0 + 4] @ keys.T)

@@ -23,7 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from freetoken.kernels import _simd
-from freetoken.kernels._simd_ir import F32, I32, I64, I8, _contiguous, _function, _same, _splat, prefetch_lines
+from freetoken.kernels._simd_ir import F32, I32, I64, I8, _contiguous, _function, _same, _splat, prefetch_span
 
 ROWS, LANES, VECTORS = 4, 16, 4          # a block: up to 4 heads x 64 values (4 vectors of 16)
 F32x16 = ir.VectorType(F32, LANES)
@@ -45,9 +45,9 @@ def _v_values(builder, at, bf16, vectors=VECTORS):
 
 def _rows_codegen(context, builder, sig, args):
     """The loop over slots j0 .. j1-1 with 4 heads x 4 vectors of sums; heads past rep (the last
-    block of a rep not divisible by 4) are computed on head r0's weights and not stored. The block
-    at g, r0, d0 = 0 also asks for whole records KV_AHEAD slots on: the caller's other blocks run
-    over the same slots next and find them in the cache."""
+    block of a rep not divisible by 4) are computed on head r0's weights and not stored. A block
+    at r0 = 0 also asks, each slot, for its own piece (group g, values d0..) of the record
+    KV_AHEAD slots on: the caller's blocks of the other heads run over the same pieces next."""
     p, v, slots, out = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 8))
     j0, j1, g, r0, d0 = args[3:8]
     bf16, c = sig.args[1].dtype == types.uint16, lambda value: ir.Constant(I64, value)  # noqa: E731
@@ -61,16 +61,15 @@ def _rows_codegen(context, builder, sig, args):
             for s in sums]
     base, step = builder.bitcast(v.data, I8.as_pointer()), builder.extract_value(v.strides, 0)
     in_record = builder.add(builder.mul(g, builder.extract_value(v.strides, 1)), builder.mul(d0, c(2 if bf16 else 4)))
-    record_bytes = builder.mul(builder.extract_value(v.shape, 1), builder.extract_value(v.strides, 1))
-    record_lines = builder.sdiv(builder.add(record_bytes, c(63)), c(64))
-    first, n = builder.icmp_signed("==", builder.or_(builder.or_(g, r0), d0), c(0)), builder.extract_value(slots.shape, 0)
+    piece = c(_simd.V_BLOCK * (2 if bf16 else 4))
+    first, n = builder.icmp_signed("==", r0, c(0)), builder.extract_value(slots.shape, 0)
 
     def record_of(j):
         return builder.gep(base, [builder.mul(builder.sext(builder.load(builder.gep(slots.data, [j])), I64), step)])
     with cgutils.for_range_slice(builder, j0, j1, c(1)) as (j, _):
         ahead = builder.add(j, c(_simd.KV_AHEAD))
         with builder.if_then(builder.and_(first, builder.icmp_signed("<", ahead, n))):
-            prefetch_lines(builder, record_of(ahead), record_lines)
+            prefetch_span(builder, builder.gep(record_of(ahead), [in_record]), piece)
         values = _v_values(builder, builder.gep(record_of(j), [in_record]), bf16)
         for r in range(ROWS):
             w = _splat(builder, builder.load(builder.gep(weights[r], [j])), LANES)
@@ -116,9 +115,26 @@ def _tree_sum(builder, vectors):
     return vectors[0]
 
 
+def _keys_ahead(builder, k, slots, j0, g, r0, width):
+    """At r0 = 0: ask for group g's key piece (`width` bytes) of the 4 records KV_AHEAD slots past
+    j0 (those that exist). Piece by piece as the blocks run, not whole records at the top of a
+    step: a burst of a step's 4 records (36-68 lines) outruns the core's miss buffers, and the
+    hints past them are dropped."""
+    c, n = (lambda value: ir.Constant(I64, value)), builder.extract_value(slots.shape, 0)  # noqa: E731
+    base, step = builder.bitcast(k.data, I8.as_pointer()), builder.extract_value(k.strides, 0)
+    in_record = builder.mul(g, builder.extract_value(k.strides, 1))
+    with builder.if_then(builder.icmp_signed("==", r0, c(0))):
+        for u in range(ROWS):
+            ahead = builder.add(j0, c(_simd.KV_AHEAD + u))
+            with builder.if_then(builder.icmp_signed("<", ahead, n)):
+                slot = builder.sext(builder.load(builder.gep(slots.data, [ahead])), I64)
+                prefetch_span(builder, builder.gep(base, [builder.add(builder.mul(slot, step), in_record)]), width)
+
+
 def _scores_codegen(context, builder, sig, args):
     """s[g, r0+h, j0+u] = scale * q[g, r0+h] . k[slots[j0+u], g] for 4 heads h and 4 slots u: 16
-    partial vectors over D, 16 lanes a step, then one shuffle tree instead of 16 horizontal sums."""
+    partial vectors over D, 16 lanes a step, then one shuffle tree instead of 16 horizontal sums.
+    The block at r0 = 0 asks for the keys of the slots KV_AHEAD on (_keys_ahead)."""
     q, k, slots, s = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 7))
     j0, g, r0, scale = args[3], args[4], args[5], args[6]
     bf16, c = sig.args[1].dtype == types.uint16, lambda value: ir.Constant(I64, value)  # noqa: E731
@@ -129,6 +145,7 @@ def _scores_codegen(context, builder, sig, args):
     in_record = builder.mul(g, builder.extract_value(k.strides, 1))
     records = [builder.gep(base, [builder.add(builder.mul(builder.sext(builder.load(builder.gep(
         slots.data, [builder.add(j0, c(u))])), I64), step), in_record)]) for u in range(ROWS)]
+    _keys_ahead(builder, k, slots, j0, g, r0, builder.mul(depth, c(2 if bf16 else 4)))
     parts = [cgutils.alloca_once_value(builder, ir.Constant(F32x16, None)) for _ in range(ROWS * ROWS)]
     with cgutils.for_range_slice(builder, c(0), depth, c(LANES)) as (d, _):
         keys = [_v_values(builder, builder.gep(rec, [builder.mul(d, c(2 if bf16 else 4))]), bf16, 1)[0] for rec in records]

@@ -190,6 +190,16 @@ def prefetch_lines(builder, start, lines):
         builder.call(prefetch, [builder.gep(start, [builder.mul(loop.index, ir.Constant(I64, 64))])] + hint)
 
 
+def prefetch_span(builder, start, nbytes):
+    """One llvm.prefetch per 64-byte line that the bytes [start, start + nbytes) touch (start an
+    i8*, nbytes an i64 > 0): a piece of a record need not begin on a line."""
+    line = ir.Constant(I64, -64)
+    first = builder.and_(builder.ptrtoint(start, I64), line)
+    last = builder.and_(builder.add(builder.ptrtoint(start, I64), builder.sub(nbytes, ir.Constant(I64, 1))), line)
+    lines = builder.add(builder.sdiv(builder.sub(last, first), ir.Constant(I64, 64)), ir.Constant(I64, 1))
+    prefetch_lines(builder, builder.inttoptr(first, I8.as_pointer()), lines)
+
+
 @intrinsic
 def _prefetch_ahead_of(typingctx, w, r):
     return types.none(w, r), _prefetching(True)

@@ -10,7 +10,8 @@ at the box's read bandwidth. What gets it nearer:
     the max before it is reduced as integers (finite_max);
   - scores 4 heads x 4 slots at a time, one shuffle tree for their 16 sums (_simd.head_scores);
   - the weighted V rows sum in registers, 4 heads x 64 values a block (_simd.weighted_v_rows);
-  - the records AHEAD slots on in the table are asked for (the table's order is no stream).
+  - the records AHEAD slots on in the table are asked for (the table's order is no stream), a
+    kv group's piece at a time as the blocks reach it, not whole records at once.
 Each item keeps its chunk's max, sum and weighted V rows; a merge rescales them to the common
 max, which gives the softmax over the whole context exactly (up to fp32 rounding). A sliding
 window moves where a token's chunks start (they cover only its W positions); a sink is one more
@@ -117,10 +118,7 @@ def scores(q, k_cache, slots, scale, s):
     n = slots.shape[0]
     blocks = rep % 4 == 0 and D % 16 == 0 and k_cache.strides[2] == k_cache.itemsize
     done = n - n % 4 if blocks else 0
-    for j in range(0, done, 4):
-        for u in range(AHEAD, AHEAD + 4):
-            if j + u < n:
-                prefetch_row(k_cache, slots[j + u])
+    for j in range(0, done, 4):                   # head_scores asks for the keys ahead itself
         for g in range(G):
             for r0 in range(0, rep, 4):
                 head_scores(q, k_cache, slots, j, g, r0, scale, s)

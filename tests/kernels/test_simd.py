@@ -130,6 +130,35 @@ def test_decode_attention_asks_for_the_records_ahead():
         assert "llvm.prefetch" in fresh.inspect_llvm(sig)
 
 
+@pytest.mark.parametrize("half", ["scores", "rows"])
+def test_decode_attention_blocks_ask_for_their_pieces_ahead(half):
+    """Each block kernel of decode attention asks for its own kv group's piece of the records
+    KV_AHEAD slots on as it runs (docs/performance.md, Xeon model-167 VM 2026-12-08: 0.77-0.83x
+    the time at 16,384 shuffled slots of D 128): head_scores and weighted_v_rows alone compile to
+    llvm.prefetch, and the hints change no result (their specs, slots near the end included)."""
+    from freetoken.kernels._numba import SERIAL, njit
+    rng = np.random.default_rng(6)
+    q, p = (rng.standard_normal((2, 4, 64)).astype(np.float32) for _ in range(2))
+    kv = (rng.standard_normal((12, 2, 64)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    slots = rng.permutation(12).astype(np.int32)
+
+    @njit(**{**SERIAL, "cache": False})
+    def blocks(q, kv, slots, p, s, out):
+        for j0 in range(0, slots.shape[0], 4):
+            if half == "scores":
+                _simd.head_scores(q, kv, slots, j0, 1, 0, np.float32(0.5), s)
+            else:
+                _simd.weighted_v_rows(p, kv, slots, j0, j0 + 4, 1, 0, 0, out)
+
+    got = (np.zeros((2, 4, 12), np.float32), np.zeros((2, 4, 64), np.float32))
+    want = tuple(x.copy() for x in got)
+    blocks(q, kv, slots, p, *got)
+    blocks.py_func(q, kv, slots, p, *want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert "llvm.prefetch" in next(iter(blocks.dispatcher.inspect_llvm().values()))
+
+
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
 @pytest.mark.parametrize("rep,D", [(4, 64), (1, 64), (3, 128), (6, 64), (8, 128)])
 def test_weighted_v_rows_matches_its_spec(rep, D, dtype):
