@@ -1,6 +1,7 @@
-"""A GGUF file (llama.cpp's format), read with gguf-py (llama.cpp's own reader: numpy-only, memory
-mapped): a split set given by its first part, the metadata as plain values, the tensors by name,
-and every failure as one GGUFError naming the file and what is wrong.
+"""A GGUF file (llama.cpp's format), its header read by models/gguf_header.py (memory mapped; gguf-py,
+llama.cpp's own package, for the format's constants and block sizes): a split set given by its
+first part, the metadata as plain values, the tensors by name, and every failure as one GGUFError
+naming the file and what is wrong.
 
 Types FreeToken reads are SUPPORTED_TYPES (everything Q4_K_M, Q5_K_M, Q6_K, Q8_0, MXFP4_MOE and the
 `UD-*` mixes hold); any other type is one error naming the tensor, its type and the supported list.
@@ -96,12 +97,11 @@ def open_gguf(path: str | Path) -> GGUFModel:
     metadata, tensors = {}, {}
     parts = split_parts(path)
     for part in parts:
-        reader = _reader(part)
+        header = _header(part)
         if part == parts[0]:
-            metadata = {name: field.contents() for name, field in reader.fields.items()
-                        if not name.startswith("GGUF.")}
+            metadata = header.metadata
             _check_split_count(path, metadata, len(parts))
-        for t in reader.tensors:
+        for t in header.tensors:
             if t.name in tensors:
                 raise GGUFError(f"{part}: tensor {t.name} is also in {tensors[t.name].file.name}")
             tensors[t.name] = _tensor(t, part)
@@ -117,18 +117,18 @@ def _check_split_count(path: Path, metadata: dict, parts: int) -> None:
                         f"first part under its NAME-00001-of-{int(count):05d}.gguf name, with the other parts beside it")
 
 
-def _reader(path: Path):
-    from gguf import GGUFReader           # imported on use: it costs ~0.15 s
+def _header(path: Path):
+    from struct import error as StructError
+    from freetoken.models.gguf_header import read_header
     try:
-        return GGUFReader(path, "r")
-    except (ValueError, OSError, IndexError, KeyError) as e:
+        return read_header(path)
+    except (ValueError, OSError, StructError) as e:
         raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 
 def _tensor(t, path: Path) -> GGUFTensor:
     from gguf import GGMLQuantizationType
-    type_name = GGMLQuantizationType(int(t.tensor_type)).name    # an unknown type fails in the reader
+    type_name = GGMLQuantizationType(t.type_id).name       # an unknown type fails in read_header
     if type_name not in SUPPORTED_TYPES:
         raise GGUFError(f"{path}: tensor {t.name} is {type_name}; FreeToken reads {', '.join(SUPPORTED_TYPES)}")
-    shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-    return GGUFTensor(t.name, type_name, shape, t.data, path, int(t.data_offset))
+    return GGUFTensor(t.name, type_name, tuple(reversed(t.dims)), t.data, path, t.offset)

@@ -225,7 +225,7 @@ def test_int8_dots_are_the_int8_spec(kind):
 def assert_same_tokens_but_at_a_tie(got, want, forced, step_logits, tie=0.01):
     """got == want, or they part at step k where want's prefix is the teacher-forced one (forced:
     the ids step_logits were computed on), those logits' top two are within `tie` and got's
-    token is one of them."""
+    token is within `tie` of the top."""
     k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if k is None:
         assert len(got) == len(want)
@@ -234,7 +234,9 @@ def assert_same_tokens_but_at_a_tie(got, want, forced, step_logits, tie=0.01):
     step = step_logits[k]
     top2 = np.sort(step)[-2:]
     assert top2[1] - top2[0] < tie, f"tokens part at {k}, top two {top2[1] - top2[0]:.4f} apart: no tie"
-    assert step[got[k]] >= top2[0], f"tokens part at {k} on a token outside the top two"
+    # a near tie may hold three (the Q4_0 fixture's sixth step on the Xeon model-167 VM: the cpu's
+    # token 2.6e-5 under the ref's second): got's token need only be within `tie` of the top
+    assert step[got[k]] >= top2[1] - tie, f"tokens part at {k} on a token {top2[1] - step[got[k]]:.4f} under the top"
 
 
 def test_a_quantized_file_keeps_a_bf16_kv_cache():
