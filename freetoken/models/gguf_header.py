@@ -3,8 +3,8 @@ tensor's bytes as a view of one read-only memory map (the layout gguf-py's GGUFR
 
 Why not GGUFReader itself (its constants and block sizes are still what FreeToken uses): it makes
 a numpy view of every part of every metadata value, so a real vocabulary (Qwen3's 151,936 tokens
-and 151,387 merges) took 7.5 s of CPU to open on the Xeon model-167 VM, before any weight was
-read; here a metadata string is one slice of the map and a number array one np.frombuffer.
+and 151,387 merges) took 6.3-6.7 s to open on the Xeon model-167 VM, before any weight was read;
+here (0.10 s) a metadata string is one slice of the map and a number array one np.frombuffer.
 
 The format (GGUF versions 2 and 3, little-endian): magic, version u32, tensor count u64, key count
 u64; each key a string (u64 length, UTF-8 bytes), a value type u32 and the value (an array: its
