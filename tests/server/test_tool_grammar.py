@@ -112,7 +112,10 @@ def test_auto_calls_are_well_formed_and_the_control_is_not(oa, control):
     for finish, content, calls in held:
         assert all(well_formed(*c) for c in calls), calls
         assert "tool_call>" not in (content or ""), content
-        assert finish in (("tool_calls",) if calls else ("stop", "length")), (finish, content, calls)
+        # a reply cut by max_tokens after a whole call reports "length" with that call (the
+        # sampled path that does so moves with the kernels' fp32 rounding: seen on the Xeon
+        # model-167 VM); a reply with calls never ends as a plain "stop"
+        assert finish in (("tool_calls", "length") if calls else ("stop", "length")), (finish, content, calls)
 
 
 def test_anthropic_auto_tool_use_is_well_formed_streamed(demo_server):
