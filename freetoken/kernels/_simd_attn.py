@@ -118,8 +118,8 @@ def _tree_sum(builder, vectors):
 def _keys_ahead(builder, k, slots, j0, g, r0, width):
     """At r0 = 0: ask for group g's key piece (`width` bytes) of the 4 records KV_AHEAD slots past
     j0 (those that exist). Piece by piece as the blocks run, not whole records at the top of a
-    step: a burst of a step's 4 records (36-68 lines) outruns the core's miss buffers, and the
-    hints past them are dropped."""
+    step (a burst of 36-68 lines): measured faster from memory (docs/performance.md); that the
+    burst outran the core's miss buffers and lost hints is our reading, not measured."""
     c, n = (lambda value: ir.Constant(I64, value)), builder.extract_value(slots.shape, 0)  # noqa: E731
     base, step = builder.bitcast(k.data, I8.as_pointer()), builder.extract_value(k.strides, 0)
     in_record = builder.mul(g, builder.extract_value(k.strides, 1))
